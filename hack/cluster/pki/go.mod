@@ -1,0 +1,3 @@
+module finetune.dev/hack/cluster/pki
+
+go 1.22
