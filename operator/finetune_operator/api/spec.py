@@ -1,0 +1,355 @@
+"""FineTuneJob spec (v1alpha1). Field names follow the seed recipe's flags, in camelCase.
+
+Every field's description is `kubectl explain` text and states the default. Defaults live here, in
+the model, not in the CRD schema: API-server defaulting would rewrite stored objects. Rules between
+fields that CEL can say sit beside the object they guard (`x-kubernetes-validations`); the same rules
+are checked again in Python by `finetune_operator.validation` so `ftjob render` reports them too.
+"""
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, WithJsonSchema
+
+from finetune_operator.api.base import ApiModel, cel
+
+Dtype = Literal["bfloat16", "float16", "float32"]
+OffloadDevice = Literal["none", "cpu", "nvme"]
+ZeroStage = Annotated[
+    Literal[0, 1, 2, 3, "auto"],
+    WithJsonSchema(
+        {
+            "x-kubernetes-int-or-string": True,
+            "x-kubernetes-validations": [
+                cel(
+                    "type(self) == string ? self == 'auto' : (self >= 0 && self <= 3)",
+                    "zeroStage must be 0, 1, 2, 3 or 'auto'",
+                )
+            ],
+        }
+    ),
+]
+Quantity = Annotated[str | int, WithJsonSchema({"x-kubernetes-int-or-string": True})]
+FreeForm = Annotated[
+    dict[str, Any],
+    WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True}),
+]
+
+
+class SecretKeyRef(ApiModel):
+    """A key of a Secret in the job's namespace. Tokens only ever travel this way."""
+
+    name: str = Field(min_length=1, max_length=253, description="Secret name.")
+    key: str = Field(default="token", min_length=1, max_length=253, description="Key in the Secret. Default: token.")
+
+
+class Quantization(ApiModel):
+    """bitsandbytes 4-bit (QLoRA). Present means the base model is loaded in 4 bit."""
+
+    quant_type: Literal["nf4", "fp4"] = Field(default="nf4", description="bnb_4bit_quant_type. Default: nf4.")
+    double_quant: bool = Field(
+        default=True, description="bnb_4bit_use_double_quant (the seed's use_nested_quant). Default: true."
+    )
+    compute_dtype: Dtype = Field(default="bfloat16", description="bnb_4bit_compute_dtype. Default: bfloat16.")
+    storage_dtype: Dtype = Field(
+        default="bfloat16",
+        description=(
+            "bnb_4bit_quant_storage. The model dtype follows it, which is what lets DeepSpeed ZeRO-3 shard "
+            "the 4-bit weights. Default: bfloat16."
+        ),
+    )
+
+
+class ModelShape(ApiModel):
+    """Architecture numbers the memory planner needs when it cannot know the model by name."""
+
+    num_parameters: int = Field(gt=0, description="Total parameters of the base model.")
+    hidden_size: int = Field(gt=0, description="Hidden size.")
+    num_layers: int = Field(gt=0, description="Number of transformer layers.")
+    intermediate_size: int | None = Field(default=None, gt=0, description="MLP width. Default: 3.5 x hidden.")
+    vocab_size: int = Field(default=32000, gt=0, description="Vocabulary size. Default: 32000.")
+    num_attention_heads: int | None = Field(default=None, gt=0, description="Attention heads.")
+    num_key_value_heads: int | None = Field(default=None, gt=0, description="KV heads (GQA). Default: heads.")
+
+
+class ModelSpec(ApiModel):
+    """The base model to fine-tune."""
+
+    name: str = Field(min_length=1, max_length=512, description="Hub id (org/name) or a path in the image or volume.")
+    revision: str = Field(default="main", max_length=256, description="Hub revision. Default: main.")
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = Field(
+        default="sdpa",
+        description="Attention kernel; falls back to sdpa with a log line where flash-attn is missing. Default: sdpa.",
+    )
+    quantization: Quantization | None = Field(default=None, description="Present => QLoRA (4-bit base model).")
+    token_secret_ref: SecretKeyRef | None = Field(default=None, description="HF token for gated or private models.")
+    shape: ModelShape | None = Field(
+        default=None, description="Architecture for the memory planner; known model names need none."
+    )
+    trust_remote_code: bool = Field(default=False, description="Allow model code from the Hub. Default: false.")
+
+
+class DatasetSpec(ApiModel):
+    """Training data: a Hub dataset or local jsonl / parquet / arrow files."""
+
+    name: str = Field(min_length=1, max_length=512, description="Hub id or local path (file or directory).")
+    splits: list[str] = Field(
+        default_factory=lambda: ["train", "test"],
+        min_length=1,
+        max_length=2,
+        description="Train split, then an optional eval split. Default: [train, test].",
+    )
+    text_field: str = Field(
+        default="content", min_length=1, max_length=128, description="Column holding text or chat messages."
+    )
+    chat_template_format: Literal["chatml", "zephyr", "none"] = Field(
+        default="none", description="Chat template applied to message lists. Default: none."
+    )
+    add_special_tokens: bool = Field(default=False, description="Add special tokens when tokenizing. Default: false.")
+    append_concat_token: bool = Field(default=False, description="Append EOS between packed documents. Default: false.")
+    max_seq_len: int = Field(default=2048, ge=16, le=1_048_576, description="Max tokens per sequence. Default: 2048.")
+    packing: bool = Field(
+        default=True,
+        description="Pack documents into full sequences without cross-document attention. Default: true.",
+    )
+
+
+class AdapterSpec(ApiModel):
+    """PEFT LoRA adapter."""
+
+    type: Literal["lora"] = Field(default="lora", description="Adapter kind. Default: lora.")
+    r: int = Field(default=8, ge=1, le=4096, description="LoRA rank. Default: 8.")
+    alpha: int = Field(default=16, ge=1, le=65536, description="LoRA alpha. Default: 16.")
+    dropout: float = Field(default=0.1, ge=0.0, lt=1.0, description="LoRA dropout. Default: 0.1.")
+    target_modules: str | list[str] = Field(
+        default="all-linear",
+        description="'all-linear' or a list of module names (q_proj, v_proj, ...). Default: all-linear.",
+    )
+
+
+class TrainingSpec(ApiModel):
+    """Hyper-parameters: the seed's launch flags."""
+
+    epochs: float | None = Field(default=None, gt=0, description="num_train_epochs. Default: 1 unless maxSteps.")
+    max_steps: int | None = Field(default=None, gt=0, description="Stop after this many optimizer steps.")
+    learning_rate: float = Field(default=1e-4, gt=0, description="Default: 1e-4.")
+    lr_scheduler_type: Literal[
+        "linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup"
+    ] = Field(default="cosine", description="Default: cosine.")
+    weight_decay: float = Field(default=1e-4, ge=0, description="Default: 1e-4.")
+    warmup_steps: int = Field(default=0, ge=0, description="Default: 0.")
+    max_grad_norm: float = Field(default=1.0, ge=0, description="Gradient clipping. Default: 1.0.")
+    per_device_train_batch_size: int = Field(default=8, ge=1, le=65536, description="Default: 8.")
+    per_device_eval_batch_size: int = Field(default=8, ge=1, le=65536, description="Default: 8.")
+    gradient_accumulation_steps: int = Field(default=1, ge=1, le=65536, description="Default: 1.")
+    gradient_checkpointing: bool = Field(default=True, description="Activation checkpointing. Default: true.")
+    use_reentrant: bool = Field(
+        default=False,
+        description="Reentrant checkpointing. TRL forces true under PEFT + ZeRO-3. Default: false.",
+    )
+    mixed_precision: Literal["no", "fp16", "bf16"] = Field(default="bf16", description="Default: bf16.")
+    seed: int = Field(default=100, ge=0, description="Default: 100.")
+    logging_steps: int = Field(default=5, ge=1, description="Default: 5.")
+    eval_strategy: Literal["no", "steps", "epoch"] = Field(default="epoch", description="Default: epoch.")
+    eval_steps: int | None = Field(default=None, ge=1, description="With evalStrategy: steps.")
+    save_strategy: Literal["no", "steps", "epoch"] = Field(default="epoch", description="Default: epoch.")
+    save_steps: int | None = Field(default=None, ge=1, description="With saveStrategy: steps.")
+    save_total_limit: int | None = Field(default=2, ge=1, description="Checkpoints kept on the volume. Default: 2.")
+    merge_adapter: bool = Field(
+        default=False, description="Also save the base model with the adapter merged in. Default: false."
+    )
+
+
+class DeepSpeedSpec(ApiModel):
+    """DeepSpeed ZeRO. Stage 0 means DeepSpeed off: plain data parallel."""
+
+    zero_stage: ZeroStage = Field(
+        default=3, description="0 | 1 | 2 | 3 | auto (the memory planner picks the lowest that fits). Default: 3."
+    )
+    offload_optimizer: OffloadDevice = Field(
+        default="none", description="Optimizer state offload: none | cpu | nvme (needs zeroStage >= 1). Default: none."
+    )
+    offload_params: OffloadDevice = Field(
+        default="none", description="Parameter offload: none | cpu | nvme (zeroStage 3 only). Default: none."
+    )
+    nvme_path: str | None = Field(default=None, max_length=1024, description="Local NVMe mount for nvme offload.")
+    zero3_init: bool = Field(default=True, description="Build the model under deepspeed.zero.Init. Default: true.")
+    save16bit_model: bool = Field(
+        default=True,
+        alias="save16bitModel",
+        description="Gather 16-bit weights on save (stage3_gather_16bit_weights_on_model_save). Default: true.",
+    )
+    overrides: FreeForm = Field(
+        default_factory=dict, description="Raw DeepSpeed JSON merged last, for experts. Default: {}."
+    )
+
+
+class RendezvousSpec(ApiModel):
+    """torch elastic rendezvous between the node pods."""
+
+    backend: Literal["c10d", "static"] = Field(default="c10d", description="Default: c10d.")
+    port: int = Field(default=29500, ge=1024, le=65535, description="Default: 29500.")
+    timeout_seconds: int = Field(default=900, ge=10, le=86400, description="Default: 900.")
+    max_restarts: int = Field(
+        default=3, ge=0, le=100, description="In-pod worker restarts by torch elastic. Default: 3."
+    )
+
+
+class DistributedSpec(ApiModel):
+    """How many machines and GPUs, and how the model is sharded across them."""
+
+    model_config = ApiModel.model_config | {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                cel(
+                    "self.gpusPerNode > 0 || has(self.processesPerNode)",
+                    "processesPerNode must be set when gpusPerNode is 0 (CPU-only job)",
+                )
+            ]
+        }
+    }
+
+    nodes: int = Field(default=1, ge=1, le=512, description="Pods (machines). Default: 1.")
+    gpus_per_node: int = Field(default=8, ge=0, le=16, description="GPUs per pod; 0 runs on CPU. Default: 8.")
+    processes_per_node: int | None = Field(
+        default=None, ge=1, le=64, description="Training processes per pod. Default: gpusPerNode."
+    )
+    gpu_memory_gi_b: float = Field(
+        default=80.0,
+        alias="gpuMemoryGiB",
+        gt=0,
+        le=4096,
+        description="Memory of one GPU, for the planner (zeroStage: auto and status.plan). Default: 80.",
+    )
+    deepspeed: DeepSpeedSpec = Field(default_factory=DeepSpeedSpec, description="DeepSpeed ZeRO settings.")
+    rendezvous: RendezvousSpec = Field(default_factory=RendezvousSpec, description="Rendezvous settings.")
+
+
+class HubOutput(ApiModel):
+    """Where the trained adapter is pushed."""
+
+    repo_id: str = Field(
+        min_length=3, max_length=200, pattern=r"^[A-Za-z0-9][\w.-]*/[\w.-]+$", description="org/name on the Hub."
+    )
+    private: bool = Field(default=True, description="Create the repo private. Default: true.")
+    strategy: Literal["end", "every_save", "checkpoint", "all_checkpoints"] = Field(
+        default="every_save", description="hub_strategy. Default: every_save."
+    )
+    token_secret_ref: SecretKeyRef = Field(description="Secret holding a write token.")
+    endpoint: str | None = Field(default=None, max_length=512, description="Hub endpoint. Default: huggingface.co.")
+
+
+class CheckpointVolume(ApiModel):
+    """The volume checkpoints live on; a PVC survives node loss, an emptyDir does not."""
+
+    persistent_volume_claim: FreeForm | None = Field(default=None, description="A PVC source ({claimName}).")
+    empty_dir: FreeForm | None = Field(default=None, description="An emptyDir source (throw-away runs).")
+
+
+class OutputSpec(ApiModel):
+    """Where results go."""
+
+    hub: HubOutput | None = Field(default=None, description="Push the adapter to the Hub.")
+    checkpoints: CheckpointVolume = Field(
+        default_factory=lambda: CheckpointVolume(empty_dir={}),
+        description="Checkpoint volume. Default: an emptyDir (no resume after a lost node).",
+    )
+
+
+class RunPolicy(ApiModel):
+    """Lifecycle knobs; the only part of a running spec that may change."""
+
+    backoff_limit: int = Field(default=3, ge=0, le=100, description="Attempts after the first. Default: 3.")
+    active_deadline_seconds: int | None = Field(default=None, ge=1, description="Fail after this long running.")
+    ttl_seconds_after_finished: int | None = Field(
+        default=None, ge=0, description="Delete the job this long after it finished."
+    )
+    suspend: bool = Field(default=False, description="Stop the pods (checkpoints are kept). Default: false.")
+
+
+class PodTemplate(ApiModel):
+    """Pod-level knobs for the trainer pods."""
+
+    image: str | None = Field(default=None, max_length=512, description="Trainer image. Default: the operator's.")
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = Field(default=None, description="")
+    resources: FreeForm = Field(default_factory=dict, description="Container resources; GPUs are set from the spec.")
+    node_selector: dict[str, str] = Field(default_factory=dict, description="Node selector.")
+    tolerations: list[FreeForm] = Field(default_factory=list, max_length=64, description="Tolerations.")
+    affinity: FreeForm | None = Field(default=None, description="Affinity.")
+    priority_class_name: str | None = Field(default=None, max_length=253, description="PriorityClass.")
+    labels: dict[str, str] = Field(default_factory=dict, description="Extra pod labels.")
+    annotations: dict[str, str] = Field(default_factory=dict, description="Extra pod annotations.")
+    env: list[FreeForm] = Field(default_factory=list, max_length=128, description="Extra container env vars.")
+    service_account_name: str | None = Field(default=None, max_length=253, description="Pod ServiceAccount.")
+    shm_size: Quantity = Field(default="64Gi", description="Size of the memory-backed /dev/shm. Default: 64Gi.")
+
+
+_IMMUTABLE = ("model", "dataset", "adapter", "training", "distributed", "output", "template")
+
+
+def _unchanged(field: str) -> str:
+    return f"(has(self.{field}) == has(oldSelf.{field}) && (!has(self.{field}) || self.{field} == oldSelf.{field}))"
+
+
+_IMMUTABLE_RULE = (
+    "(has(oldSelf.runPolicy) && has(oldSelf.runPolicy.suspend) && oldSelf.runPolicy.suspend) || ("
+    + " && ".join(_unchanged(f) for f in _IMMUTABLE)
+    + ")"
+)
+
+
+class FineTuneJobSpec(ApiModel):
+    """What to fine-tune, on what data, how, where it runs and where the result goes."""
+
+    model_config = ApiModel.model_config | {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                cel(
+                    "!has(self.model.quantization) || !has(self.adapter) || self.adapter.type == 'lora'",
+                    "model.quantization (QLoRA) needs a LoRA adapter",
+                ),
+                cel(
+                    "!has(self.distributed) || !has(self.distributed.deepspeed) || "
+                    "!has(self.distributed.deepspeed.offloadParams) || self.distributed.deepspeed.offloadParams "
+                    "== 'none' || !has(self.distributed.deepspeed.zeroStage) || "
+                    "type(self.distributed.deepspeed.zeroStage) == string || self.distributed.deepspeed.zeroStage == 3",
+                    "distributed.deepspeed.offloadParams needs zeroStage 3",
+                ),
+                cel(
+                    "!has(self.distributed) || !has(self.distributed.deepspeed) || "
+                    "!has(self.distributed.deepspeed.offloadOptimizer) || "
+                    "self.distributed.deepspeed.offloadOptimizer == 'none' || "
+                    "(has(self.distributed.deepspeed.zeroStage) && "
+                    "(type(self.distributed.deepspeed.zeroStage) == string || "
+                    "self.distributed.deepspeed.zeroStage >= 1))",
+                    "distributed.deepspeed.offloadOptimizer needs zeroStage >= 1",
+                ),
+                cel(
+                    "!has(self.distributed) || !has(self.distributed.deepspeed) || "
+                    "has(self.distributed.deepspeed.nvmePath) || "
+                    "((!has(self.distributed.deepspeed.offloadOptimizer) || "
+                    "self.distributed.deepspeed.offloadOptimizer != 'nvme') && "
+                    "(!has(self.distributed.deepspeed.offloadParams) || "
+                    "self.distributed.deepspeed.offloadParams != 'nvme'))",
+                    "distributed.deepspeed.nvmePath is required with nvme offload",
+                ),
+                cel(
+                    "!has(self.training) || !has(self.training.saveStrategy) || "
+                    "self.training.saveStrategy != 'steps' || has(self.training.saveSteps)",
+                    "training.saveSteps is required with saveStrategy: steps",
+                ),
+                cel(
+                    _IMMUTABLE_RULE,
+                    "the spec of a running job is immutable except runPolicy; set runPolicy.suspend: true first",
+                ),
+            ]
+        }
+    }
+
+    model: ModelSpec = Field(description="Base model.")
+    dataset: DatasetSpec = Field(description="Training data.")
+    adapter: AdapterSpec = Field(default_factory=AdapterSpec, description="PEFT adapter. Default: LoRA r=8.")
+    training: TrainingSpec = Field(default_factory=TrainingSpec, description="Hyper-parameters.")
+    distributed: DistributedSpec = Field(default_factory=DistributedSpec, description="Nodes, GPUs, ZeRO.")
+    output: OutputSpec = Field(default_factory=OutputSpec, description="Hub push and checkpoint volume.")
+    run_policy: RunPolicy = Field(default_factory=RunPolicy, description="Retries, deadline, TTL, suspend.")
+    template: PodTemplate = Field(default_factory=PodTemplate, description="Pod-level knobs.")

@@ -1,0 +1,138 @@
+"""`ftjob`: crd, render, plan, run, operator. Thin: parse arguments, call the core, print.
+
+Exit status 2 means the job file is invalid; the message names every field that is wrong.
+"""
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from finetune_operator.api.errors import InvalidSpecError
+from finetune_operator.api.resource import FineTuneJob
+
+EXIT_INVALID = 2
+
+
+def load_job(path: str) -> FineTuneJob:
+    """Read one FineTuneJob from a YAML file (the first FineTuneJob document)."""
+    text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    try:
+        documents = [d for d in yaml.safe_load_all(text) if d]
+    except yaml.YAMLError as exc:
+        raise InvalidSpecError.from_message(path, f"not valid YAML: {exc}") from None
+    jobs = [d for d in documents if isinstance(d, dict) and d.get("kind") == "FineTuneJob"]
+    if not jobs:
+        raise InvalidSpecError.from_message(path, "holds no document of kind FineTuneJob")
+    return FineTuneJob.from_body(jobs[0])
+
+
+def _crd(args: argparse.Namespace) -> int:
+    from finetune_operator.crd import build_crd
+
+    text = yaml.safe_dump(build_crd(), sort_keys=False, width=120)
+    if args.out:
+        Path(args.out).write_text(text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def _render(args: argparse.Namespace) -> int:
+    from finetune_operator import constants
+    from finetune_operator.render import RenderOptions, dump_yaml, render_all
+
+    rendered = render_all(load_job(args.job), RenderOptions(image=args.image, attempt=args.attempt))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, text in rendered.files.items():
+        (out / name).write_text(text)
+    stale = out / constants.DEEPSPEED_FILE
+    if constants.DEEPSPEED_FILE not in rendered.files and stale.exists():
+        stale.unlink()
+    (out / "manifests.yaml").write_text("---\n".join(dump_yaml(m) for m in rendered.manifests))
+    print(f"wrote {', '.join(sorted([*rendered.files, 'manifests.yaml']))} to {out}")
+    return 0
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from finetune_operator.planreport import format_plan
+    from finetune_operator.plan import plan_job
+
+    job = load_job(args.job)
+    print(format_plan(job, plan_job(job.spec)))
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    from finetune_operator.local import run_locally
+
+    return run_locally(load_job(args.job), workdir=Path(args.workdir) if args.workdir else None, nodes=args.nodes)
+
+
+def _operator(args: argparse.Namespace) -> int:
+    from finetune_operator.handlers.main import run_operator
+
+    return run_operator(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ftjob", description="Fine-tune LLMs on Kubernetes (FineTuneJob).")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    crd = sub.add_parser("crd", help="print the CustomResourceDefinition YAML")
+    crd.add_argument("--out", help="write to this file instead of stdout")
+    crd.set_defaults(func=_crd)
+
+    render = sub.add_parser("render", help="write accelerate.yaml, deepspeed.json, trainer.json, manifests.yaml")
+    render.add_argument("job", help="FineTuneJob YAML file ('-' for stdin)")
+    render.add_argument("--out", required=True, help="output directory")
+    render.add_argument("--image", default=None, help="trainer image (default: the operator's default)")
+    render.add_argument("--attempt", type=int, default=1, help="attempt number of the rendered Job")
+    render.set_defaults(func=_render)
+
+    plan = sub.add_parser("plan", help="print the memory estimate and the chosen ZeRO strategy")
+    plan.add_argument("job")
+    plan.set_defaults(func=_plan)
+
+    run = sub.add_parser("run", help="run the job on this machine (CPU, local GPUs, or several local nodes)")
+    run.add_argument("job")
+    run.add_argument("--workdir", help="where configs, checkpoints and the adapter go (default: ./ftjob-runs/NAME)")
+    run.add_argument("--nodes", type=int, default=None, help="override the number of local 'nodes'")
+    run.set_defaults(func=_run)
+
+    op = sub.add_parser("operator", help="run the operator (what the Helm chart's Deployment runs)")
+    op.add_argument("--namespace", action="append", default=[], help="watch only this namespace (repeatable)")
+    op.add_argument("--all-namespaces", action="store_true", help="watch every namespace (the default)")
+    op.add_argument("--liveness", default="http://0.0.0.0:8080/healthz", help="kopf liveness endpoint")
+    op.add_argument("--peering", default=None, help="kopf peering name (enables peering when set)")
+    op.add_argument("--standalone", action="store_true", help="no peering (single replica, tests)")
+    op.add_argument("--verbose", action="store_true")
+    op.set_defaults(func=_operator)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if getattr(args, "image", "unset") is None:
+        from finetune_operator import constants
+
+        args.image = constants.DEFAULT_TRAINER_IMAGE
+    try:
+        result: Any = args.func(args)
+    except InvalidSpecError as exc:
+        print(f"ftjob {args.command}: invalid FineTuneJob:", file=sys.stderr)
+        for error in exc.errors:
+            print(f"  {error}", file=sys.stderr)
+        return EXIT_INVALID
+    except FileNotFoundError as exc:
+        print(f"ftjob {args.command}: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    return int(result or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

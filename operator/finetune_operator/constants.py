@@ -1,0 +1,81 @@
+"""Every name the operator, the renderers and the trainer agree on, in one place.
+
+Label keys, mount paths, ports, environment variable names and trainer exit codes live here so
+that "where is X set" has one answer, and so the reserved-names set used to inject values is the
+same one used to reject user env vars that would collide with them.
+"""
+
+from typing import Final
+
+GROUP: Final = "finetune.dev"
+VERSION: Final = "v1alpha1"
+KIND: Final = "FineTuneJob"
+PLURAL: Final = "finetunejobs"
+SINGULAR: Final = "finetunejob"
+SHORT_NAME: Final = "ftj"
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+
+# Labels and annotations on every child.
+LABEL_JOB_NAME: Final = f"{GROUP}/job-name"
+LABEL_ATTEMPT: Final = f"{GROUP}/attempt"
+LABEL_COMPONENT: Final = f"{GROUP}/component"
+LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
+MANAGED_BY: Final = "finetune-operator"
+FINALIZER: Final = f"{GROUP}/finalizer"
+KUEUE_QUEUE_LABEL: Final = "kueue.x-k8s.io/queue-name"
+
+# Paths inside the trainer pod.
+CONFIG_MOUNT: Final = "/etc/ftjob"
+ACCELERATE_FILE: Final = "accelerate.yaml"
+DEEPSPEED_FILE: Final = "deepspeed.json"
+TRAINER_FILE: Final = "trainer.json"
+CHECKPOINT_MOUNT: Final = "/checkpoints"
+ADAPTER_SUBDIR: Final = "adapter"
+SHM_MOUNT: Final = "/dev/shm"
+PROGRESS_TOKEN_MOUNT: Final = "/var/run/secrets/finetune.dev/progress"
+PROGRESS_TOKEN_FILE: Final = "token"
+
+# Environment given to the trainer container (reserved: users may not set these in template.env).
+ENV_HF_TOKEN: Final = "HF_TOKEN"
+ENV_JOB_NAME: Final = "FTJOB_NAME"
+ENV_JOB_NAMESPACE: Final = "FTJOB_NAMESPACE"
+ENV_ATTEMPT: Final = "FTJOB_ATTEMPT"
+ENV_PROGRESS_URL: Final = "FTJOB_PROGRESS_URL"
+ENV_PROGRESS_TOKEN_FILE: Final = "FTJOB_PROGRESS_TOKEN_FILE"
+ENV_COMPLETION_INDEX: Final = "JOB_COMPLETION_INDEX"
+RESERVED_ENV_NAMES: Final = frozenset(
+    {
+        ENV_HF_TOKEN,
+        ENV_JOB_NAME,
+        ENV_JOB_NAMESPACE,
+        ENV_ATTEMPT,
+        ENV_PROGRESS_URL,
+        ENV_PROGRESS_TOKEN_FILE,
+        ENV_COMPLETION_INDEX,
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "WORLD_SIZE",
+        "RANK",
+        "LOCAL_RANK",
+        "NODE_RANK",
+    }
+)
+
+# Resources.
+GPU_RESOURCE: Final = "nvidia.com/gpu"
+TRAINER_CONTAINER: Final = "trainer"
+DEFAULT_TRAINER_IMAGE: Final = "ghcr.io/finetune-operator/trainer:0.1.0"
+
+# Kubernetes limits that bound child names.
+DNS_LABEL_MAX: Final = 63
+# Longest suffix a child adds to the job name: "-" + attempt (up to 3 digits) + "-" + index (up to 3 digits).
+MAX_ATTEMPT_DIGITS: Final = 3
+MAX_INDEX_DIGITS: Final = 3
+JOB_NAME_MAX: Final = DNS_LABEL_MAX - (1 + MAX_ATTEMPT_DIGITS) - (1 + MAX_INDEX_DIGITS)
+
+# Trainer exit codes. Anything not listed here is retryable.
+EXIT_OK: Final = 0
+EXIT_INVALID_CONFIG: Final = 64  # EX_USAGE: trainer.json does not validate
+EXIT_BAD_DATASET: Final = 65  # EX_DATAERR: missing text field, empty split, unreadable file
+EXIT_UNKNOWN_MODEL: Final = 66  # EX_NOINPUT: model id or path that does not exist
+EXIT_PERMANENT_CODES: Final = frozenset({EXIT_INVALID_CONFIG, EXIT_BAD_DATASET, EXIT_UNKNOWN_MODEL})

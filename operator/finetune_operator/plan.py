@@ -1,0 +1,227 @@
+"""The memory planner: a per-GPU estimate for a job, and the `zeroStage: auto` choice.
+
+The estimate adds, per GPU: base weights (sharded by ZeRO-3, 4-bit under QLoRA), the ZeRO-3 working
+set of gathered layers, LoRA weights + gradients + Adam states (sharded by stage >= 1/2), activations
+(every layer's inputs with checkpointing, or every saved tensor of every layer without it), logits
+and the loss, and a fixed CUDA/NCCL overhead. DeepSpeed's own estimators count every parameter as
+trainable, which is wrong by ~16 bytes/param for LoRA; this one counts only the adapter.
+
+`auto` picks the lowest ZeRO stage (then the least offload) that fits the GPU with a margin: lower
+stages communicate less, so they are faster. A LoRA run of a model that fits one GPU is plain data
+parallel. Pure: no I/O.
+"""
+
+from dataclasses import dataclass, field
+
+from finetune_operator.api.errors import FieldError, InvalidSpecError
+from finetune_operator.api.spec import FineTuneJobSpec, ModelShape
+
+GIB = 1024**3
+CUDA_OVERHEAD_BYTES = 2.5 * GIB  # CUDA context, NCCL buffers, allocator fragmentation
+FIT_MARGIN = 0.9  # use at most 90% of the GPU
+QUANT_4BIT_BYTES = 0.5 + 0.0625  # 4-bit weights + absmax blocks (double quant makes it ~0.5 + 0.016)
+ADAM_STATE_BYTES = 4 + 4 + 8  # fp32 weight, fp32 grad, two fp32 moments
+BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+# Known architectures, matched by a lower-case substring of the model name (first match wins).
+KNOWN_SHAPES: list[tuple[str, ModelShape]] = [
+    ("builtin:tiny-llama", ModelShape(num_parameters=206_000, hidden_size=64, num_layers=2, intermediate_size=172,
+                                      vocab_size=512, num_attention_heads=4, num_key_value_heads=4)),
+    ("llama-3.1-70b", ModelShape(num_parameters=70_553_706_496, hidden_size=8192, num_layers=80,
+                                 intermediate_size=28672, vocab_size=128256, num_attention_heads=64,
+                                 num_key_value_heads=8)),
+    ("llama-3-70b", ModelShape(num_parameters=70_553_706_496, hidden_size=8192, num_layers=80,
+                               intermediate_size=28672, vocab_size=128256, num_attention_heads=64,
+                               num_key_value_heads=8)),
+    ("llama-2-70b", ModelShape(num_parameters=68_976_648_192, hidden_size=8192, num_layers=80,
+                               intermediate_size=28672, vocab_size=32000, num_attention_heads=64,
+                               num_key_value_heads=8)),
+    ("llama-2-13b", ModelShape(num_parameters=13_015_864_320, hidden_size=5120, num_layers=40,
+                               intermediate_size=13824, vocab_size=32000, num_attention_heads=40,
+                               num_key_value_heads=40)),
+    ("llama-3.1-8b", ModelShape(num_parameters=8_030_261_248, hidden_size=4096, num_layers=32,
+                                intermediate_size=14336, vocab_size=128256, num_attention_heads=32,
+                                num_key_value_heads=8)),
+    ("llama-3-8b", ModelShape(num_parameters=8_030_261_248, hidden_size=4096, num_layers=32,
+                              intermediate_size=14336, vocab_size=128256, num_attention_heads=32,
+                              num_key_value_heads=8)),
+    ("llama-2-7b", ModelShape(num_parameters=6_738_415_616, hidden_size=4096, num_layers=32,
+                              intermediate_size=11008, vocab_size=32000, num_attention_heads=32,
+                              num_key_value_heads=32)),
+    ("mistral-7b", ModelShape(num_parameters=7_241_732_096, hidden_size=4096, num_layers=32,
+                              intermediate_size=14336, vocab_size=32000, num_attention_heads=32,
+                              num_key_value_heads=8)),
+]
+
+# Candidate strategies for `auto`, cheapest communication first.
+AUTO_LADDER: list[tuple[int, str, str]] = [
+    (0, "none", "none"),
+    (1, "none", "none"),
+    (2, "none", "none"),
+    (3, "none", "none"),
+    (3, "cpu", "none"),
+    (3, "cpu", "cpu"),
+]
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """A resolved ZeRO stage and offload."""
+
+    zero_stage: int
+    offload_optimizer: str = "none"
+    offload_params: str = "none"
+
+    @property
+    def offload(self) -> str:
+        parts = [f"optimizer:{self.offload_optimizer}"] if self.offload_optimizer != "none" else []
+        parts += [f"params:{self.offload_params}"] if self.offload_params != "none" else []
+        return ",".join(parts) or "none"
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Per-GPU bytes by component."""
+
+    parts: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def total(self) -> float:
+        return sum(self.parts.values())
+
+    @property
+    def total_gib(self) -> float:
+        return self.total / GIB
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the planner chose for a job, with the estimate behind it."""
+
+    strategy: Strategy
+    estimate: MemoryEstimate
+    gpu_memory_gib: float
+    shape: ModelShape
+    lora_parameters: int
+    reason: str
+
+    @property
+    def fits(self) -> bool:
+        return self.estimate.total_gib <= self.gpu_memory_gib * FIT_MARGIN
+
+
+def model_shape(spec: FineTuneJobSpec) -> ModelShape | None:
+    """The spec's explicit shape, else a known one by name, else None."""
+    if spec.model.shape is not None:
+        return spec.model.shape
+    name = spec.model.name.lower()
+    return next((shape for key, shape in KNOWN_SHAPES if key in name), None)
+
+
+def lora_parameter_count(spec: FineTuneJobSpec, shape: ModelShape) -> int:
+    """Trainable LoRA parameters: r x (in + out) for every targeted linear of every layer."""
+    h = shape.hidden_size
+    inter = shape.intermediate_size or int(3.5 * h)
+    heads = shape.num_attention_heads or 1
+    kv = h * (shape.num_key_value_heads or heads) // heads
+    linears = {
+        "q_proj": (h, h), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (h, h),
+        "gate_proj": (h, inter), "up_proj": (h, inter), "down_proj": (inter, h),
+    }
+    targets = spec.adapter.target_modules
+    chosen = linears.values() if targets == "all-linear" else [linears[t] for t in targets if t in linears]
+    return spec.adapter.r * sum(i + o for i, o in chosen) * shape.num_layers
+
+
+def estimate_memory(spec: FineTuneJobSpec, shape: ModelShape, strategy: Strategy) -> MemoryEstimate:
+    """Per-GPU peak bytes of one training step under `strategy`."""
+    dist, training = spec.distributed, spec.training
+    gpus = max(dist.nodes * max(dist.gpus_per_node, 1), 1)
+    h, layers = shape.hidden_size, shape.num_layers
+    inter = shape.intermediate_size or int(3.5 * h)
+    quant = spec.model.quantization
+    compute_bytes = 4 if training.mixed_precision == "no" and quant is None else 2
+    weight_bytes = QUANT_4BIT_BYTES if quant is not None else compute_bytes
+    stage = strategy.zero_stage
+
+    base = shape.num_parameters * weight_bytes
+    layer_params = 4 * h * h + 3 * h * inter
+    parts: dict[str, float] = {}
+    if stage == 3:
+        parts["base weights (sharded)"] = 0.0 if strategy.offload_params != "none" else base / gpus
+        # Current layer + prefetched next layer, gathered in the compute dtype.
+        parts["gathered layers"] = 2 * layer_params * compute_bytes
+    else:
+        parts["base weights"] = base
+    lora = lora_parameter_count(spec, shape)
+    weights = lora * 4
+    grads = lora * 4 / (gpus if stage >= 2 else 1)
+    optimizer = 0.0 if strategy.offload_optimizer != "none" else lora * (ADAM_STATE_BYTES - 8) / (
+        gpus if stage >= 1 else 1
+    )
+    parts["lora weights+grads+adam"] = weights + grads + optimizer
+
+    tokens = training.per_device_train_batch_size * spec.dataset.max_seq_len
+    per_layer_full = (8 * h + 4 * inter) * compute_bytes  # every tensor a layer saves for backward, per token
+    if training.gradient_checkpointing:
+        parts["activations (checkpointed)"] = tokens * (layers * h * compute_bytes + per_layer_full)
+    else:
+        parts["activations"] = tokens * layers * per_layer_full
+    parts["logits + loss"] = tokens * shape.vocab_size * (compute_bytes + 4)
+    parts["cuda/nccl overhead"] = CUDA_OVERHEAD_BYTES if dist.gpus_per_node else 0.0
+    return MemoryEstimate(parts)
+
+
+def requested_strategy(spec: FineTuneJobSpec) -> Strategy | None:
+    """The strategy the spec names, or None for `auto`."""
+    ds = spec.distributed.deepspeed
+    if ds.zero_stage == "auto":
+        return None
+    return Strategy(ds.zero_stage, ds.offload_optimizer, ds.offload_params)
+
+
+def plan_job(spec: FineTuneJobSpec) -> Plan:
+    """Resolve `auto` and estimate memory; raise InvalidSpecError when `auto` finds nothing that fits."""
+    shape = model_shape(spec)
+    requested = requested_strategy(spec)
+    gpu_gib = spec.distributed.gpu_memory_gi_b
+    if shape is None:
+        if requested is None:
+            raise InvalidSpecError.from_message(
+                "spec.distributed.deepspeed.zeroStage",
+                f"'auto' needs the model's size, and {spec.model.name!r} is not a known model; "
+                "set spec.model.shape (numParameters, hiddenSize, numLayers) or choose a zeroStage",
+            )
+        return Plan(requested, MemoryEstimate(), gpu_gib, ModelShape(num_parameters=1, hidden_size=1, num_layers=1),
+                    0, "model size unknown: no estimate (set spec.model.shape for one)")
+    lora = lora_parameter_count(spec, shape)
+    if requested is not None:
+        plan = Plan(requested, estimate_memory(spec, shape, requested), gpu_gib, shape, lora, "")
+        reason = "as requested" if plan.fits or not spec.distributed.gpus_per_node else (
+            f"as requested; estimated {plan.estimate.total_gib:.1f} GiB exceeds {FIT_MARGIN:.0%} of "
+            f"{gpu_gib:g} GiB and may run out of memory"
+        )
+        return Plan(requested, plan.estimate, gpu_gib, shape, lora, reason)
+    ds = spec.distributed.deepspeed
+    tried: list[str] = []
+    for stage, off_opt, off_params in AUTO_LADDER:
+        strategy = Strategy(stage, off_opt if ds.offload_optimizer == "none" else ds.offload_optimizer,
+                            off_params if ds.offload_params == "none" else ds.offload_params)
+        if strategy.offload_params != "none" and stage != 3:
+            continue
+        if strategy.offload_optimizer != "none" and stage == 0:
+            continue
+        estimate = estimate_memory(spec, shape, strategy)
+        plan = Plan(strategy, estimate, gpu_gib, shape, lora, "")
+        if plan.fits or not spec.distributed.gpus_per_node:
+            reason = (
+                f"lowest ZeRO stage that fits: {estimate.total_gib:.1f} GiB of {gpu_gib:g} GiB per GPU"
+                + (f" ({', '.join(tried)} do not)" if tried else "")
+            )
+            return Plan(strategy, estimate, gpu_gib, shape, lora, reason)
+        tried.append(f"stage {stage}/{strategy.offload}: {estimate.total_gib:.1f} GiB")
+    raise InvalidSpecError([FieldError(
+        "spec.distributed",
+        f"no ZeRO strategy fits {gpu_gib:g} GiB per GPU ({'; '.join(tried)}); add GPUs or nodes, "
+        "quantize the model, enable gradientCheckpointing or lower perDeviceTrainBatchSize",
+    )])

@@ -1,0 +1,126 @@
+"""Pure renderers: a FineTuneJob in, every file and manifest of its run out. No I/O, no kopf.
+
+`render_all` is the one entry point the handlers, `ftjob render` and `ftjob run` call, which is why
+the ConfigMap and `ftjob render` match byte for byte. Order: validate -> plan -> topology ->
+deepspeed.json -> accelerate.yaml -> trainer.json -> node command -> ConfigMap, Service, Job.
+"""
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from finetune_operator import constants
+from finetune_operator.api.errors import InvalidSpecError
+from finetune_operator.api.resource import FineTuneJob
+from finetune_operator.plan import Plan, plan_job
+from finetune_operator.render import names
+from finetune_operator.render.accelerate import render_accelerate
+from finetune_operator.render.command import render_node_command
+from finetune_operator.render.deepspeed import render_deepspeed
+from finetune_operator.render.topology import Topology, compute_topology
+from finetune_operator.render.trainer_config import render_trainer_config
+from finetune_operator.render.workload import render_config_map, render_job, render_service
+from finetune_operator.validation import check_job
+from finetune_trainer.config import TrainerConfig
+
+
+@dataclass(frozen=True)
+class RenderOptions:
+    """Inputs that come from the operator's deployment, not the job."""
+
+    image: str = constants.DEFAULT_TRAINER_IMAGE
+    progress_url: str | None = None
+    attempt: int = 1
+    config_dir: str = constants.CONFIG_MOUNT
+    checkpoint_dir: str = constants.CHECKPOINT_MOUNT
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """Everything one job becomes."""
+
+    plan: Plan
+    topology: Topology
+    accelerate: dict[str, Any]
+    deepspeed: dict[str, Any] | None
+    trainer: TrainerConfig
+    files: dict[str, str]
+    command: list[str]
+    config_map: dict[str, Any]
+    service: dict[str, Any]
+    job: dict[str, Any]
+    manifests: list[dict[str, Any]] = field(default_factory=list)
+
+
+class _BlockDumper(yaml.SafeDumper):
+    """Multi-line strings (the files inside the ConfigMap) as readable `|` blocks."""
+
+
+def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_BlockDumper.add_representer(str, _represent_str)
+
+
+def dump_yaml(data: Any) -> str:
+    return yaml.dump(data, Dumper=_BlockDumper, sort_keys=True, default_flow_style=False, width=120)
+
+
+def render_files(accelerate: dict[str, Any], deepspeed: dict[str, Any] | None, trainer: TrainerConfig) -> dict[
+    str, str
+]:
+    """The config files, serialized once, so every consumer gets the same bytes."""
+    files = {
+        constants.ACCELERATE_FILE: dump_yaml(accelerate),
+        constants.TRAINER_FILE: trainer.model_dump_json(indent=2) + "\n",
+    }
+    if deepspeed is not None:
+        files[constants.DEEPSPEED_FILE] = json.dumps(deepspeed, indent=2, sort_keys=True) + "\n"
+    return files
+
+
+def render_all(job: FineTuneJob, options: RenderOptions | None = None) -> Rendered:
+    """Validate, plan and render one job; raise InvalidSpecError listing every problem."""
+    options = options or RenderOptions()
+    errors = check_job(job)
+    if errors:
+        raise InvalidSpecError(errors)
+    plan = plan_job(job.spec)
+    topology = compute_topology(job)
+    deepspeed = render_deepspeed(job, plan)
+    accelerate = render_accelerate(
+        job,
+        plan,
+        topology,
+        deepspeed_json_path=f"{options.config_dir}/{constants.DEEPSPEED_FILE}" if deepspeed is not None else None,
+    )
+    trainer = render_trainer_config(job, plan, topology, checkpoint_dir=options.checkpoint_dir)
+    files = render_files(accelerate, deepspeed, trainer)
+    command = render_node_command(
+        job,
+        topology,
+        main_process_host=names.main_process_host(job, options.attempt),
+        config_dir=options.config_dir,
+    )
+    config_map = render_config_map(job, files)
+    service = render_service(job)
+    attempt_job = render_job(
+        job, options.attempt, topology, command, image=options.image, progress_url=options.progress_url
+    )
+    return Rendered(
+        plan=plan,
+        topology=topology,
+        accelerate=accelerate,
+        deepspeed=deepspeed,
+        trainer=trainer,
+        files=files,
+        command=command,
+        config_map=config_map,
+        service=service,
+        job=attempt_job,
+        manifests=[config_map, service, attempt_job],
+    )

@@ -1,0 +1,52 @@
+"""The node command: `accelerate launch` exactly as every trainer pod (and `ftjob run`) runs it.
+
+Rendezvous backend, max restarts and the rendezvous timeout are command-line flags because accelerate
+ignores them in its YAML (shared/research/trainer.md 1.4). The machine rank is the Indexed Job's
+completion index, expanded by Kubernetes from `$(JOB_COMPLETION_INDEX)`.
+"""
+
+from finetune_operator import constants
+from finetune_operator.api.resource import FineTuneJob
+from finetune_operator.render.topology import Topology
+
+_TIMEOUT_KEY = {"c10d": "join_timeout", "static": "timeout"}
+
+
+def render_node_command(
+    job: FineTuneJob,
+    topology: Topology,
+    *,
+    main_process_host: str,
+    machine_rank: str = f"$({constants.ENV_COMPLETION_INDEX})",
+    config_dir: str = constants.CONFIG_MOUNT,
+) -> list[str]:
+    """argv of one node; `machine_rank` is an expansion in a pod and a number in a local run."""
+    rdzv = job.spec.distributed.rendezvous
+    return [
+        "accelerate",
+        "launch",
+        "--config_file",
+        f"{config_dir}/{constants.ACCELERATE_FILE}",
+        "--num_machines",
+        str(topology.num_machines),
+        "--num_processes",
+        str(topology.num_processes),
+        "--machine_rank",
+        machine_rank,
+        "--main_process_ip",
+        main_process_host,
+        "--main_process_port",
+        str(rdzv.port),
+        "--rdzv_backend",
+        rdzv.backend,
+        "--rdzv_conf",
+        f"{_TIMEOUT_KEY[rdzv.backend]}={rdzv.timeout_seconds}",
+        "--max_restarts",
+        str(rdzv.max_restarts),
+        "--monitor_interval",
+        "1",
+        "-m",
+        "finetune_trainer",
+        "--config",
+        f"{config_dir}/{constants.TRAINER_FILE}",
+    ]

@@ -1,0 +1,185 @@
+"""The Kubernetes children of a job: ConfigMap, headless Service, and one Indexed Job per attempt.
+
+Plain dicts, no client objects: the handlers add owner references and apply them. Every child has
+the job-name label; the Job and its pods also carry the attempt label.
+"""
+
+from typing import Any
+
+from finetune_operator import constants
+from finetune_operator.api.resource import FineTuneJob
+from finetune_operator.render import names
+from finetune_operator.render.topology import Topology
+
+TERMINATION_GRACE_SECONDS = 300  # time for the trainer to write a checkpoint on SIGTERM
+PROGRESS_TOKEN_TTL_SECONDS = 3600
+
+
+def render_config_map(job: FineTuneJob, files: dict[str, str]) -> dict[str, Any]:
+    """The three rendered files, byte for byte what `ftjob render` writes."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": names.config_map_name(job), "namespace": job.namespace, "labels": names.job_labels(job)},
+        "data": dict(sorted(files.items())),
+    }
+
+
+def render_service(job: FineTuneJob) -> dict[str, Any]:
+    """Headless Service so node 0 has a DNS name before it is ready (rendezvous happens before ready)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": names.service_name(job), "namespace": job.namespace, "labels": names.job_labels(job)},
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": {constants.LABEL_JOB_NAME: job.name},
+            "ports": [{"name": "rendezvous", "port": job.spec.distributed.rendezvous.port}],
+        },
+    }
+
+
+def _hf_token_env(job: FineTuneJob) -> list[dict[str, Any]]:
+    """HF_TOKEN from the Secret the spec names: the push token, else the model-download token."""
+    hub = job.spec.output.hub
+    ref = hub.token_secret_ref if hub else job.spec.model.token_secret_ref
+    if ref is None:
+        return []
+    return [{"name": constants.ENV_HF_TOKEN, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}]
+
+
+def _checkpoint_volume(job: FineTuneJob) -> dict[str, Any]:
+    volume = job.spec.output.checkpoints
+    if volume.persistent_volume_claim is not None:
+        return {"name": "checkpoints", "persistentVolumeClaim": dict(volume.persistent_volume_claim)}
+    return {"name": "checkpoints", "emptyDir": dict(volume.empty_dir or {})}
+
+
+def _resources(job: FineTuneJob) -> dict[str, Any]:
+    resources = {k: dict(v) for k, v in job.spec.template.resources.items() if isinstance(v, dict)}
+    gpus = job.spec.distributed.gpus_per_node
+    if gpus:
+        for kind in ("limits", "requests"):
+            resources.setdefault(kind, {})[constants.GPU_RESOURCE] = gpus
+    return resources
+
+
+def render_pod_template(
+    job: FineTuneJob, attempt: int, command: list[str], *, image: str, progress_url: str | None
+) -> dict[str, Any]:
+    """The trainer pod of one attempt."""
+    template = job.spec.template
+    env: list[dict[str, Any]] = [
+        {"name": constants.ENV_JOB_NAME, "value": job.name},
+        {"name": constants.ENV_JOB_NAMESPACE, "value": job.namespace},
+        {"name": constants.ENV_ATTEMPT, "value": str(attempt)},
+        *_hf_token_env(job),
+    ]
+    mounts = [
+        {"name": "config", "mountPath": constants.CONFIG_MOUNT, "readOnly": True},
+        {"name": "checkpoints", "mountPath": constants.CHECKPOINT_MOUNT},
+        {"name": "dshm", "mountPath": constants.SHM_MOUNT},
+    ]
+    volumes: list[dict[str, Any]] = [
+        {"name": "config", "configMap": {"name": names.config_map_name(job)}},
+        _checkpoint_volume(job),
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": template.shm_size}},
+    ]
+    if progress_url:
+        token_path = f"{constants.PROGRESS_TOKEN_MOUNT}/{constants.PROGRESS_TOKEN_FILE}"
+        env += [
+            {"name": constants.ENV_PROGRESS_URL, "value": progress_url},
+            {"name": constants.ENV_PROGRESS_TOKEN_FILE, "value": token_path},
+        ]
+        mounts.append({"name": "progress-token", "mountPath": constants.PROGRESS_TOKEN_MOUNT, "readOnly": True})
+        volumes.append(
+            {
+                "name": "progress-token",
+                "projected": {
+                    "sources": [
+                        {
+                            "serviceAccountToken": {
+                                "audience": names.progress_audience(job),
+                                "expirationSeconds": PROGRESS_TOKEN_TTL_SECONDS,
+                                "path": constants.PROGRESS_TOKEN_FILE,
+                            }
+                        }
+                    ]
+                },
+            }
+        )
+    env += [dict(e) for e in template.env]
+    container: dict[str, Any] = {
+        "name": constants.TRAINER_CONTAINER,
+        "image": template.image or image,
+        "command": command,
+        "env": env,
+        "volumeMounts": mounts,
+        "resources": _resources(job),
+        "ports": [{"name": "rendezvous", "containerPort": job.spec.distributed.rendezvous.port}],
+    }
+    if template.image_pull_policy:
+        container["imagePullPolicy"] = template.image_pull_policy
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "subdomain": names.service_name(job),
+        "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
+        "containers": [container],
+        "volumes": volumes,
+    }
+    optional = {
+        "nodeSelector": dict(template.node_selector) or None,
+        "tolerations": [dict(t) for t in template.tolerations] or None,
+        "affinity": template.affinity,
+        "priorityClassName": template.priority_class_name,
+        "serviceAccountName": template.service_account_name,
+    }
+    pod_spec |= {key: value for key, value in optional.items() if value}
+    return {
+        "metadata": {
+            "labels": {**template.labels, **names.attempt_labels(job, attempt)},
+            "annotations": dict(template.annotations),
+        },
+        "spec": pod_spec,
+    }
+
+
+def render_job(
+    job: FineTuneJob, attempt: int, topology: Topology, command: list[str], *, image: str, progress_url: str | None
+) -> dict[str, Any]:
+    """The Indexed Job of one attempt: one pod per node; any pod failure fails the attempt.
+
+    `backoffLimit: 0` because a restarted single pod cannot rejoin a torch rendezvous on its own:
+    the operator restarts the whole gang as the next attempt. The pod-failure policy fails the Job
+    at once on the trainer's permanent exit codes, so its condition already says why.
+    """
+    labels = names.attempt_labels(job, attempt)
+    queue = job.metadata.labels.get(constants.KUEUE_QUEUE_LABEL)
+    if queue:
+        labels[constants.KUEUE_QUEUE_LABEL] = queue
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": names.attempt_job_name(job, attempt), "namespace": job.namespace, "labels": labels},
+        "spec": {
+            "completionMode": "Indexed",
+            "completions": topology.num_machines,
+            "parallelism": topology.num_machines,
+            "backoffLimit": 0,
+            "suspend": job.spec.run_policy.suspend or bool(queue),
+            "podFailurePolicy": {
+                "rules": [
+                    {
+                        "action": "FailJob",
+                        "onExitCodes": {
+                            "containerName": constants.TRAINER_CONTAINER,
+                            "operator": "In",
+                            "values": sorted(constants.EXIT_PERMANENT_CODES),
+                        },
+                    }
+                ]
+            },
+            "template": render_pod_template(job, attempt, command, image=image, progress_url=progress_url),
+        },
+    }

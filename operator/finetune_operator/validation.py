@@ -1,0 +1,86 @@
+"""Cross-field rules on a parsed spec, all collected at once.
+
+The CRD's CEL rules say most of these at `kubectl apply`; this module says them again (and the ones
+CEL cannot, such as reserved env names) so `ftjob render`, `ftjob run` and the operator reject the
+same specs with the same words. Pure: no I/O, no Kubernetes.
+"""
+
+from finetune_operator import constants
+from finetune_operator.api.errors import FieldError
+from finetune_operator.api.resource import FineTuneJob
+
+DS = "spec.distributed.deepspeed"
+
+
+def check_job(job: FineTuneJob) -> list[FieldError]:
+    """Every rule a parsed job breaks; empty when it can run."""
+    spec = job.spec
+    ds = spec.distributed.deepspeed
+    errors: list[FieldError] = []
+
+    def bad(path: str, message: str) -> None:
+        errors.append(FieldError(path, message))
+
+    if len(job.name) > constants.JOB_NAME_MAX:
+        bad("metadata.name", f"must be at most {constants.JOB_NAME_MAX} characters so child names stay DNS labels")
+    stage = ds.zero_stage
+    if ds.offload_params != "none" and stage not in (3, "auto"):
+        bad(
+            f"{DS}.offloadParams",
+            f"{ds.offload_params!r} needs zeroStage 3 (got {stage}); set zeroStage: 3 or offloadParams: none",
+        )
+    if ds.offload_optimizer != "none" and stage == 0:
+        bad(
+            f"{DS}.offloadOptimizer",
+            f"{ds.offload_optimizer!r} needs zeroStage >= 1 (got 0); set zeroStage: 1, 2 or 3, "
+            "or offloadOptimizer: none",
+        )
+    if "nvme" in (ds.offload_params, ds.offload_optimizer) and not ds.nvme_path:
+        bad(f"{DS}.nvmePath", "is required with nvme offload; set it to a local NVMe mount")
+    if spec.model.quantization is not None and spec.adapter.type != "lora":
+        bad("spec.model.quantization", "QLoRA needs a LoRA adapter (spec.adapter.type: lora)")
+    dist = spec.distributed
+    if dist.gpus_per_node == 0 and dist.processes_per_node is None:
+        bad("spec.distributed.processesPerNode", "must be set when gpusPerNode is 0 (CPU-only job)")
+    if dist.gpus_per_node == 0 and spec.model.quantization is not None:
+        bad("spec.model.quantization", "bitsandbytes 4-bit needs GPUs; set distributed.gpusPerNode > 0")
+    if dist.gpus_per_node and dist.processes_per_node and dist.processes_per_node > dist.gpus_per_node:
+        bad(
+            "spec.distributed.processesPerNode",
+            f"{dist.processes_per_node} processes cannot share {dist.gpus_per_node} GPUs; use at most gpusPerNode",
+        )
+    training = spec.training
+    if training.save_strategy == "steps" and training.save_steps is None:
+        bad("spec.training.saveSteps", "is required with saveStrategy: steps")
+    if training.eval_strategy == "steps" and training.eval_steps is None:
+        bad("spec.training.evalSteps", "is required with evalStrategy: steps")
+    if training.eval_strategy != "no" and len(spec.dataset.splits) < 2:
+        bad(
+            "spec.dataset.splits",
+            f"evalStrategy {training.eval_strategy!r} needs an eval split (got {spec.dataset.splits}); "
+            "add one or set training.evalStrategy: no",
+        )
+    if training.mixed_precision == "fp16" and dist.gpus_per_node == 0:
+        bad("spec.training.mixedPrecision", "fp16 is not supported on CPU; use bf16 or no")
+    if training.merge_adapter and spec.model.quantization is not None:
+        bad("spec.training.mergeAdapter", "cannot merge into a 4-bit base model; unset it or drop quantization")
+    volume = spec.output.checkpoints
+    if (volume.persistent_volume_claim is None) == (volume.empty_dir is None):
+        bad("spec.output.checkpoints", "set exactly one of persistentVolumeClaim or emptyDir")
+    elif volume.persistent_volume_claim is not None and not volume.persistent_volume_claim.get("claimName"):
+        bad("spec.output.checkpoints.persistentVolumeClaim.claimName", "is required")
+    for i, env in enumerate(spec.template.env):
+        name = env.get("name")
+        if not isinstance(name, str) or not name:
+            bad(f"spec.template.env[{i}].name", "is required")
+        elif name in constants.RESERVED_ENV_NAMES:
+            bad(
+                f"spec.template.env[{i}].name",
+                f"{name!r} is set by the operator; reserved names: {', '.join(sorted(constants.RESERVED_ENV_NAMES))}",
+            )
+    overlapping = set(spec.template.labels) & {constants.LABEL_JOB_NAME, constants.LABEL_ATTEMPT}
+    if overlapping:
+        bad("spec.template.labels", f"{sorted(overlapping)} are set by the operator")
+    if isinstance(spec.adapter.target_modules, list) and not spec.adapter.target_modules:
+        bad("spec.adapter.targetModules", "must name at least one module, or be 'all-linear'")
+    return errors
