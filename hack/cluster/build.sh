@@ -55,7 +55,9 @@ k8s_gomod() {
   for m in $(sed -n 's#^[[:space:]]*\(k8s\.io/[^ ]*\) => \./staging/.*#\1#p' "$upstream"); do
     (cd "$dir" && go mod edit -replace="$m=$m@$staging_v")
   done
-  (cd "$dir" && go mod edit -require="k8s.io/kubernetes@${K8S_VERSION}" && go mod tidy)
+  # Ask for no newer Go than the release itself does (go mod init writes the local version).
+  (cd "$dir" && go mod edit -go="$(sed -n 's/^go //p' "$upstream")" \
+    -require="k8s.io/kubernetes@${K8S_VERSION}" && go mod tidy)
 }
 
 build_k8s() {
@@ -84,7 +86,7 @@ build_etcd() {
     log "generating $dir/go.mod for etcd ${ETCD_VERSION}"
     rm -f "$dir/go.mod" "$dir/go.sum"
     (cd "$dir" && go mod init finetune.dev/hack/cluster/etcd >/dev/null 2>&1 &&
-      go mod edit -require="go.etcd.io/etcd/server/v3@${ETCD_VERSION}" && go mod tidy)
+      go mod edit -go=1.22.0 -require="go.etcd.io/etcd/server/v3@${ETCD_VERSION}" && go mod tidy)
   fi
   # Name the output explicitly: `-o dir/` would call it `server`.
   (cd "$dir" && timed "etcd ${ETCD_VERSION}" go build -trimpath \
