@@ -1,0 +1,164 @@
+"""Fine-tune a causal LM with TRL + PEFT from one trainer.json: config → one SFTTrainer call → adapter.
+
+Usage (what each pod runs; `python -m finetune_trainer --config trainer.json` alone also works):
+
+    accelerate launch --config_file /etc/ftjob/accelerate.yaml ... \
+        -m finetune_trainer --config /etc/ftjob/trainer.json
+
+Exit codes: 0 done; 64 invalid trainer.json, 65 bad dataset, 66 unknown model (permanent, the operator fails
+the job at once); 143 stopped by SIGTERM after a complete checkpoint; anything else is retryable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import sys
+from pathlib import Path
+
+from finetune_trainer.errors import EXIT_SIGTERM, PermanentError, PushFailedError
+
+log = logging.getLogger("finetune_trainer")
+
+
+def train(config_path: str) -> int:
+    """Load, build, train (resuming), save, push; every rank runs this, I/O to the Hub on the main process."""
+    from finetune_trainer import builtin
+    from finetune_trainer.adapters import merge_into_base, peft_config
+    from finetune_trainer.arguments import build_sft_config, on_cpu
+    from finetune_trainer.cards import write_card
+    from finetune_trainer.checkpoints import CompletionMarker, SaveOnSigterm, prepare_resume
+    from finetune_trainer.data import load_data
+    from finetune_trainer.hub import PushOnSave, hub_target, push
+    from finetune_trainer.loading import load_config
+    from finetune_trainer.model import load_model, load_tokenizer
+    from finetune_trainer.probes import write_probe
+    from finetune_trainer.progress import ProgressCallback, Reporter, report_output
+
+    cfg = load_config(config_path)
+    model_path = builtin.resolve_model(cfg.model.name_or_path)  # generated files, before any zero.Init
+    data_path = builtin.resolve_dataset(cfg.data.name_or_path)
+    args = build_sft_config(cfg)  # before the model: ZeRO-3 shards while loading
+
+    from accelerate import PartialState
+    from transformers.integrations import is_deepspeed_zero3_enabled
+    from trl import SFTTrainer
+
+    state = PartialState()
+    _quiet_replicas(state.is_main_process)
+    zero3 = is_deepspeed_zero3_enabled()
+    log.info(
+        "job %s/%s: %d processes on %d machines, %s, ZeRO-3 %s",
+        cfg.job.namespace,
+        cfg.job.name,
+        state.num_processes,
+        cfg.distributed.num_machines,
+        "CPU" if on_cpu(cfg) else "CUDA",
+        zero3,
+    )
+
+    tokenizer = load_tokenizer(cfg, model_path)
+    train_ds, eval_ds = load_data(cfg, data_path, tokenizer)
+    model = load_model(cfg, model_path, tokenizer, cuda=not on_cpu(cfg), zero3=zero3)
+
+    output = Path(args.output_dir)
+    resume = prepare_resume(output, is_main=state.is_main_process)
+    log.info("resuming from %s" if resume else "fresh start (no complete checkpoint in %s)", resume or output)
+    reporter = Reporter()
+    sigterm = SaveOnSigterm()
+    callbacks = [CompletionMarker(), sigterm, ProgressCallback(reporter, output / "metrics.jsonl")]
+    target = hub_target(cfg)
+    if target is not None:
+        callbacks.append(PushOnSave(*target))
+
+    trainer = SFTTrainer(
+        model=model,
+        args=args,
+        train_dataset=train_ds,
+        eval_dataset=eval_ds,
+        processing_class=tokenizer,
+        peft_config=peft_config(cfg),
+        callbacks=callbacks,
+    )
+    result = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+    if sigterm.stopped:
+        log.warning(
+            "stopped by SIGTERM at step %d; checkpoint saved, exiting for a restart",
+            trainer.state.global_step,
+        )
+        return EXIT_SIGTERM
+
+    adapter_dir = Path(cfg.output.adapter_dir)
+    trainer.save_model(str(adapter_dir))  # collective under ZeRO-3
+    trainer.save_state()
+    metrics = {**result.metrics}
+    if eval_ds is not None:
+        metrics.update(trainer.evaluate())
+    if cfg.output.probe_path:
+        write_probe(
+            trainer.model,
+            tokenizer,
+            Path(cfg.output.probe_path),
+            device=args.device,
+            is_main=state.is_main_process,
+        )
+    if cfg.training.merge_adapter and cfg.lora is not None:
+        merge_into_base(
+            trainer.model,
+            tokenizer,
+            adapter_dir.parent / "merged",
+            zero3=zero3,
+            is_main=state.is_main_process,
+        )
+    state.wait_for_everyone()
+
+    if state.is_main_process:
+        write_card(cfg, adapter_dir, metrics, trainer.state.log_history)
+        log.info("adapter written to %s (final loss %s)", adapter_dir, metrics.get("train_loss"))
+        if target is not None:
+            status = push(
+                *target,
+                adapter_dir,
+                message=f"{cfg.job.name}: adapter after step {trainer.state.global_step}",
+            )
+            report_output(reporter, status)
+    return 0
+
+
+def _quiet_replicas(is_main: bool) -> None:
+    """Our INFO lines only from the main process; other ranks speak up for warnings."""
+    log.setLevel(logging.INFO if is_main else logging.WARNING)
+
+
+def _termination_message(message: str) -> None:
+    """Kubernetes shows /dev/termination-log in the pod status; the operator can quote it."""
+    path = Path(os.environ.get("FTJOB_TERMINATION_LOG", "/dev/termination-log"))
+    if path.parent.is_dir() and (path.exists() or os.environ.get("FTJOB_TERMINATION_LOG")):
+        with contextlib.suppress(OSError):
+            path.write_text(message[:4000])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m finetune_trainer", description=__doc__.splitlines()[0])
+    parser.add_argument("--config", required=True, help="path to trainer.json")
+    ns = parser.parse_args(argv)
+    rank = os.environ.get("RANK", "0")
+    logging.basicConfig(
+        level=logging.INFO, format=f"%(asctime)s [rank{rank}] %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        return train(ns.config)
+    except PermanentError as e:
+        log.error("permanent error (exit %d): %s", e.exit_code, e.message)
+        _termination_message(e.message)
+        return e.exit_code
+    except PushFailedError as e:
+        log.error("%s", e)
+        _termination_message(str(e))
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

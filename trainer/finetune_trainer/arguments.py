@@ -1,0 +1,97 @@
+"""TrainerConfig → TRL `SFTConfig`: the one place where our field names meet transformers' and TRL's.
+
+It must be called before the model is loaded: creating the `SFTConfig` initialises the distributed state and,
+under ZeRO-3, registers the DeepSpeed config that makes `from_pretrained` shard weights while loading
+(`zero.Init`); a model loaded first is materialised whole on every rank. On a host without CUDA it sets
+`use_cpu=True`, without which accelerate sees one process and DeepSpeed a world of N (research §2.4/§7).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from finetune_trainer.config import TrainerConfig
+
+if TYPE_CHECKING:
+    from trl import SFTConfig
+
+log = logging.getLogger(__name__)
+
+
+def on_cpu(cfg: TrainerConfig) -> bool:
+    """CPU when the config says so or when no CUDA device exists (laptops, CI)."""
+    import torch
+
+    return cfg.distributed.use_cpu or not torch.cuda.is_available()
+
+
+def build_sft_config(cfg: TrainerConfig) -> SFTConfig:
+    """Translate trainer.json into SFTConfig; precision and saving rules are decided here and logged once."""
+    from trl import SFTConfig
+
+    t, d = cfg.training, cfg.data
+    cpu = on_cpu(cfg)
+    bf16 = t.mixed_precision == "bf16"
+    fp16 = t.mixed_precision == "fp16"
+    if cpu and fp16:
+        log.warning("training.mixed_precision: fp16 is not supported on CPU; training in fp32 instead")
+        fp16 = False
+    save_total_limit = t.save_total_limit
+    if save_total_limit is not None and save_total_limit < 2:
+        # The Trainer rotates old checkpoints before our completion marker lands on the new one; keeping two
+        # means a kill in that window still leaves one complete checkpoint to resume from.
+        log.warning(
+            "training.save_total_limit %s raised to 2 so a complete checkpoint always survives",
+            save_total_limit,
+        )
+        save_total_limit = 2
+    eval_strategy = t.eval_strategy if len(d.splits) > 1 else "no"
+    return SFTConfig(
+        output_dir=cfg.output.checkpoint_dir,
+        use_cpu=cpu,
+        bf16=bf16,
+        fp16=fp16,
+        seed=t.seed,
+        data_seed=t.seed,
+        full_determinism=t.full_determinism,
+        num_train_epochs=t.num_train_epochs,
+        max_steps=t.max_steps,
+        learning_rate=t.learning_rate,
+        lr_scheduler_type=t.lr_scheduler_type,
+        weight_decay=t.weight_decay,
+        warmup_steps=t.warmup_steps,
+        max_grad_norm=t.max_grad_norm,
+        per_device_train_batch_size=t.per_device_train_batch_size,
+        per_device_eval_batch_size=t.per_device_eval_batch_size,
+        gradient_accumulation_steps=t.gradient_accumulation_steps,
+        activation_checkpointing=t.gradient_checkpointing,
+        activation_checkpointing_kwargs={"use_reentrant": t.use_reentrant}
+        if t.gradient_checkpointing
+        else None,
+        logging_strategy="steps",
+        logging_steps=t.logging_steps,
+        logging_first_step=True,
+        eval_strategy=eval_strategy,
+        eval_steps=t.eval_steps,
+        save_strategy=t.save_strategy,
+        save_steps=t.save_steps if t.save_steps is not None else 500,
+        save_total_limit=save_total_limit,
+        # Data: data.py tokenizes (so add_special_tokens / append_concat_token mean what the spec says), TRL
+        # packs with best-fit-decreasing, which is padding-free: documents keep their own position_ids.
+        max_length=d.max_seq_len,
+        packing=d.packing,
+        packing_strategy="bfd",
+        eval_packing=d.packing,
+        dataset_text_field=d.text_field,
+        dataset_num_proc=None,
+        include_num_input_tokens_seen="all",
+        # Pushing is hub.py's job (retries, model card, exit codes), never the Trainer's.
+        push_to_hub=False,
+        report_to="none",
+        ddp_find_unused_parameters=False,
+        dataloader_num_workers=0,
+        log_level="info",
+        log_level_replica="warning",
+        disable_tqdm=False,
+    )

@@ -1,0 +1,109 @@
+"""Load the tokenizer and the base causal LM: Hub id or local path, optional QLoRA, attention fallback.
+
+Must run after `build_sft_config` (ZeRO-3 `zero.Init` while loading). An id or path that does not exist is a
+permanent error (exit 66); a network or Hub outage is not, and escapes as an ordinary, retryable exception.
+No `device_map` under DeepSpeed or DDP: the Trainer places the model (research §3.3).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from finetune_trainer.config import TrainerConfig
+from finetune_trainer.errors import UnknownModelError
+from finetune_trainer.quantization import load_dtype, quantization_config
+from finetune_trainer.templates import install_chat_template
+
+log = logging.getLogger(__name__)
+
+
+def _hub_kwargs(cfg: TrainerConfig, path: str) -> dict[str, Any]:
+    """revision and token only for Hub ids; local directories take neither."""
+    if Path(path).is_dir():
+        return {"trust_remote_code": cfg.model.trust_remote_code}
+    return {
+        "revision": cfg.model.revision,
+        "token": os.environ.get("HF_TOKEN") or None,
+        "trust_remote_code": cfg.model.trust_remote_code,
+    }
+
+
+def check_model_exists(cfg: TrainerConfig, path: str) -> Any:
+    """Read the model's config, turning "no such model" (and only that) into UnknownModelError."""
+    from huggingface_hub.errors import (
+        EntryNotFoundError,
+        HFValidationError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+    from transformers import AutoConfig
+
+    permanent = (RepositoryNotFoundError, RevisionNotFoundError, EntryNotFoundError, HFValidationError)
+    looks_local = path.startswith(("/", "./", "../", "~"))
+    if looks_local and not Path(path).expanduser().is_dir():
+        raise UnknownModelError(
+            f"model.name_or_path: local path {path!r} does not exist or is not a directory"
+        )
+    try:
+        return AutoConfig.from_pretrained(path, **_hub_kwargs(cfg, path))
+    except (OSError, ValueError) as e:
+        cause = e if isinstance(e, permanent) else e.__cause__
+        if isinstance(cause, permanent) or (Path(path).is_dir() and isinstance(e, OSError | ValueError)):
+            raise UnknownModelError(
+                f"model.name_or_path: {path!r} (revision {cfg.model.revision!r}) is not a loadable model: "
+                f"{str(e).splitlines()[0]}"
+            ) from e
+        raise
+
+
+def attn_implementation(cfg: TrainerConfig, *, cuda: bool) -> str:
+    """The requested attention, or sdpa with one clear line when flash-attn cannot run here."""
+    want = cfg.model.attn_implementation
+    if want == "flash_attention_2" and (not cuda or importlib.util.find_spec("flash_attn") is None):
+        why = "no CUDA device" if not cuda else "the flash_attn package is not installed"
+        log.warning("model.attnImplementation flash_attention_2 unavailable (%s); using sdpa", why)
+        return "sdpa"
+    return want
+
+
+def load_tokenizer(cfg: TrainerConfig, path: str) -> Any:
+    """Tokenizer with the spec's chat template installed and a pad token set."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path, **_hub_kwargs(cfg, path))
+    added = install_chat_template(tokenizer, cfg.data.chat_template_format)
+    if added:
+        log.info(
+            "added %d chat-template tokens (%s); embeddings will be resized",
+            added,
+            cfg.data.chat_template_format,
+        )
+    return tokenizer
+
+
+def load_model(cfg: TrainerConfig, path: str, tokenizer: Any, *, cuda: bool, zero3: bool) -> Any:
+    """AutoModelForCausalLM in the configured dtype (QLoRA: storage dtype), caches off for training."""
+    from transformers import AutoModelForCausalLM
+
+    check_model_exists(cfg, path)
+    kwargs: dict[str, Any] = {
+        "dtype": load_dtype(cfg),
+        "attn_implementation": attn_implementation(cfg, cuda=cuda),
+        **_hub_kwargs(cfg, path),
+    }
+    bnb = quantization_config(cfg, cuda=cuda)
+    if bnb is not None:
+        kwargs["quantization_config"] = bnb
+        if not zero3:  # DDP QLoRA: each process quantizes onto its own GPU
+            from accelerate import PartialState
+
+            kwargs["device_map"] = {"": PartialState().local_process_index}
+    model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    model.config.use_cache = False  # a KV cache during training also disables packed-sequence masking
+    if len(tokenizer) > model.config.vocab_size:  # not the weight's shape: under ZeRO-3 it is partitioned
+        model.resize_token_embeddings(len(tokenizer), pad_to_multiple_of=8)
+    return model

@@ -1,0 +1,181 @@
+"""Progress: one readable log line per logging step, a `metrics.jsonl`, and POSTs to the operator.
+
+The main process POSTs `TrainerReport` JSON to `$FTJOB_PROGRESS_URL` with `Authorization: Bearer <token>`,
+the token re-read from `$FTJOB_PROGRESS_TOKEN_FILE` on every POST because projected tokens rotate, and TLS
+verified against `$FTJOB_PROGRESS_CA_FILE` when set. POSTs happen on a background thread (latest report
+wins), at most every `interval` seconds except the last step, with short timeouts: a slow or absent operator
+never slows or fails training, and its failures are logged once. Only the standard library is used.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import ssl
+import threading
+import time
+import urllib.request
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+
+from finetune_operator.api.status import OutputStatus, Progress, TrainerReport
+from finetune_operator.constants import ENV_PROGRESS_TOKEN_FILE, ENV_PROGRESS_URL
+
+log = logging.getLogger(__name__)
+
+ENV_PROGRESS_CA_FILE = "FTJOB_PROGRESS_CA_FILE"
+
+
+class Reporter:
+    """Sends reports to the operator from a daemon thread; a no-op without FTJOB_PROGRESS_URL."""
+
+    def __init__(self, *, timeout: float = 3.0) -> None:
+        self.url = os.environ.get(ENV_PROGRESS_URL) or None
+        self.timeout = timeout
+        self._pending: TrainerReport | None = None
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._idle = threading.Event()
+        self._idle.set()
+        self._warned = False
+        if self.url:
+            threading.Thread(target=self._loop, name="ftjob-progress", daemon=True).start()
+
+    def submit(self, report: TrainerReport) -> None:
+        """Queue a report; an unsent older one is replaced (only the latest matters)."""
+        if not self.url:
+            return
+        with self._lock:
+            self._pending = report
+            self._idle.clear()
+        self._wake.set()
+
+    def flush(self, timeout: float = 5.0) -> None:
+        """Wait briefly for the queue to drain (end of training, after a push)."""
+        self._idle.wait(timeout)
+
+    def _loop(self) -> None:
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            with self._lock:
+                report, self._pending = self._pending, None
+            if report is not None:
+                self._post(report)
+            with self._lock:
+                if self._pending is None:
+                    self._idle.set()
+
+    def _post(self, report: TrainerReport) -> None:
+        assert self.url is not None
+        headers = {"Content-Type": "application/json"}
+        token_file = os.environ.get(ENV_PROGRESS_TOKEN_FILE)
+        try:
+            if token_file:
+                headers["Authorization"] = "Bearer " + Path(token_file).read_text().strip()
+            body = json.dumps(report.to_dict(exclude_none=True)).encode()
+            request = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
+            ca = os.environ.get(ENV_PROGRESS_CA_FILE)
+            context = ssl.create_default_context(cafile=ca) if ca else None
+            with urllib.request.urlopen(request, timeout=self.timeout, context=context) as response:
+                response.read()
+            log.debug("progress posted: %s", report.progress)
+        except Exception as e:  # never fail training over progress
+            if not self._warned:
+                log.warning(
+                    "progress endpoint %s unreachable (%s); training continues, further errors at debug",
+                    self.url,
+                    e,
+                )
+                self._warned = True
+            else:
+                log.debug("progress post failed: %s", e)
+
+
+def report_output(reporter: Reporter, output: OutputStatus) -> None:
+    """Tell the operator where the adapter went."""
+    reporter.submit(TrainerReport(output=output))
+    reporter.flush()
+
+
+def _eta(seconds: float | None) -> str:
+    return str(timedelta(seconds=int(seconds))) if seconds is not None else "?"
+
+
+class ProgressCallback(TrainerCallback):  # type: ignore[misc]
+    """Turns Trainer logs into Progress reports, log lines and metrics.jsonl rows (main process only)."""
+
+    def __init__(self, reporter: Reporter, metrics_file: Path, *, interval: float = 5.0) -> None:
+        self.reporter = reporter
+        self.metrics_file = metrics_file
+        self.interval = interval
+        self._last_post = 0.0
+        self._start = time.monotonic()
+        self._start_step = 0
+        self._start_tokens = 0
+        self._loss: float | None = None
+        self._eval_loss: float | None = None
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+        self._start = time.monotonic()
+        self._start_step = state.global_step
+        self._start_tokens = int(getattr(state, "num_input_tokens_seen", 0) or 0)
+
+    def on_log(
+        self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **_: Any
+    ) -> None:
+        if not state.is_world_process_zero or not logs:
+            return
+        self._loss = logs.get("loss", self._loss)
+        self._eval_loss = logs.get("eval_loss", self._eval_loss)
+        progress = self._progress(state, logs)
+        with open(self.metrics_file, "a") as f:
+            f.write(json.dumps({"step": state.global_step, **logs}) + "\n")
+        log.info(
+            "step %d/%s (%.0f%%) loss %s eval_loss %s lr %s tok/s %s eta %s",
+            progress.step,
+            progress.total_steps,
+            progress.percent or 0.0,
+            _fmt(self._loss),
+            _fmt(self._eval_loss),
+            _fmt(progress.learning_rate),
+            _fmt(progress.tokens_per_second),
+            _eta(progress.eta_seconds),
+        )
+        last = state.max_steps > 0 and state.global_step >= state.max_steps
+        now = time.monotonic()
+        if last or "eval_loss" in logs or now - self._last_post >= self.interval:
+            self._last_post = now
+            self.reporter.submit(TrainerReport(progress=progress))
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+        if state.is_world_process_zero:
+            self.reporter.flush()
+
+    def _progress(self, state: Any, logs: dict[str, Any]) -> Progress:
+        """Step, rates and ETA from the Trainer state; rates count this process's run, not a resumed past."""
+        elapsed = max(time.monotonic() - self._start, 1e-6)
+        done = state.global_step - self._start_step
+        total = state.max_steps if state.max_steps > 0 else None
+        tokens = int(getattr(state, "num_input_tokens_seen", 0) or 0) - self._start_tokens
+        eta = elapsed / done * (total - state.global_step) if total and done > 0 else None
+        return Progress(
+            step=state.global_step,
+            total_steps=total,
+            epoch=state.epoch,
+            loss=self._loss,
+            eval_loss=self._eval_loss,
+            learning_rate=logs.get("learning_rate"),
+            tokens_per_second=tokens / elapsed if tokens > 0 else None,
+            percent=min(100.0, 100.0 * state.global_step / total) if total else None,
+            eta_seconds=max(0.0, eta) if eta is not None else None,
+            updated_at=datetime.now(UTC),
+        )
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4g}"
