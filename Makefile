@@ -23,3 +23,28 @@ cluster-down: ## stop the control plane (keeps .cluster/ logs)
 
 cluster-purge: ## stop the control plane and delete .cluster/
 	hack/cluster/down.sh --purge
+
+# --- product and tests (README.md) ------------------------------------------------------------
+VENV = $(shell hack/venv.sh)
+PYTEST_ARGS ?=
+
+.PHONY: venv run test test-unit lint crd
+venv: ## create/refresh the virtualenv (outside the repo, cached)
+	@hack/venv.sh
+
+run: ## train the tiny example on this machine: ftjob run examples/tiny-cpu.yaml
+	$(VENV)/bin/ftjob run examples/tiny-cpu.yaml
+
+test: cluster-build ## everything CI runs: lint, unit, trainer (CPU) and control-plane tests
+	$(VENV)/bin/ruff check operator trainer tests
+	PATH="$(VENV)/bin:$$PATH" $(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+
+test-unit: ## fast tests only (no cluster, no training)
+	$(VENV)/bin/python -m pytest tests/unit $(PYTEST_ARGS)
+
+lint: ## ruff + import-linter layer contracts
+	$(VENV)/bin/ruff check operator trainer tests
+	$(VENV)/bin/lint-imports
+
+crd: ## regenerate crds/finetunejob.yaml from the API models
+	$(VENV)/bin/ftjob crd --out crds/finetunejob.yaml

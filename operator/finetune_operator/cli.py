@@ -59,8 +59,8 @@ def _render(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from finetune_operator.planreport import format_plan
     from finetune_operator.plan import plan_job
+    from finetune_operator.planreport import format_plan
 
     job = load_job(args.job)
     print(format_plan(job, plan_job(job.spec)))
@@ -70,7 +70,9 @@ def _plan(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     from finetune_operator.local import run_locally
 
-    return run_locally(load_job(args.job), workdir=Path(args.workdir) if args.workdir else None, nodes=args.nodes)
+    return run_locally(
+        load_job(args.job), workdir=Path(args.workdir) if args.workdir else None, nodes=args.nodes
+    )
 
 
 def _operator(args: argparse.Namespace) -> int:
@@ -87,7 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
     crd.add_argument("--out", help="write to this file instead of stdout")
     crd.set_defaults(func=_crd)
 
-    render = sub.add_parser("render", help="write accelerate.yaml, deepspeed.json, trainer.json, manifests.yaml")
+    render = sub.add_parser(
+        "render", help="write accelerate.yaml, deepspeed.json, trainer.json, manifests.yaml"
+    )
     render.add_argument("job", help="FineTuneJob YAML file ('-' for stdin)")
     render.add_argument("--out", required=True, help="output directory")
     render.add_argument("--image", default=None, help="trainer image (default: the operator's default)")
@@ -100,7 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="run the job on this machine (CPU, local GPUs, or several local nodes)")
     run.add_argument("job")
-    run.add_argument("--workdir", help="where configs, checkpoints and the adapter go (default: ./ftjob-runs/NAME)")
+    run.add_argument(
+        "--workdir", help="where configs, checkpoints and the adapter go (default: ./ftjob-runs/NAME)"
+    )
     run.add_argument("--nodes", type=int, default=None, help="override the number of local 'nodes'")
     run.set_defaults(func=_run)
 

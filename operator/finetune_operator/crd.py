@@ -78,7 +78,12 @@ def structural_schema(model: type[FineTuneJobSpec] | type[FineTuneJobStatus]) ->
 
 PRINTER_COLUMNS = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
-    {"name": "Progress", "type": "string", "jsonPath": ".status.progress.percent", "description": "Percent done"},
+    {
+        "name": "Progress",
+        "type": "string",
+        "jsonPath": ".status.progress.percent",
+        "description": "Percent done",
+    },
     {"name": "Loss", "type": "number", "jsonPath": ".status.progress.loss"},
     {"name": "Nodes", "type": "integer", "jsonPath": ".spec.distributed.nodes"},
     {"name": "Attempt", "type": "integer", "jsonPath": ".status.attempt", "priority": 1},

@@ -25,32 +25,114 @@ BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 # Known architectures, matched by a lower-case substring of the model name (first match wins).
 KNOWN_SHAPES: list[tuple[str, ModelShape]] = [
-    ("builtin:tiny-llama", ModelShape(num_parameters=206_000, hidden_size=64, num_layers=2, intermediate_size=172,
-                                      vocab_size=512, num_attention_heads=4, num_key_value_heads=4)),
-    ("llama-3.1-70b", ModelShape(num_parameters=70_553_706_496, hidden_size=8192, num_layers=80,
-                                 intermediate_size=28672, vocab_size=128256, num_attention_heads=64,
-                                 num_key_value_heads=8)),
-    ("llama-3-70b", ModelShape(num_parameters=70_553_706_496, hidden_size=8192, num_layers=80,
-                               intermediate_size=28672, vocab_size=128256, num_attention_heads=64,
-                               num_key_value_heads=8)),
-    ("llama-2-70b", ModelShape(num_parameters=68_976_648_192, hidden_size=8192, num_layers=80,
-                               intermediate_size=28672, vocab_size=32000, num_attention_heads=64,
-                               num_key_value_heads=8)),
-    ("llama-2-13b", ModelShape(num_parameters=13_015_864_320, hidden_size=5120, num_layers=40,
-                               intermediate_size=13824, vocab_size=32000, num_attention_heads=40,
-                               num_key_value_heads=40)),
-    ("llama-3.1-8b", ModelShape(num_parameters=8_030_261_248, hidden_size=4096, num_layers=32,
-                                intermediate_size=14336, vocab_size=128256, num_attention_heads=32,
-                                num_key_value_heads=8)),
-    ("llama-3-8b", ModelShape(num_parameters=8_030_261_248, hidden_size=4096, num_layers=32,
-                              intermediate_size=14336, vocab_size=128256, num_attention_heads=32,
-                              num_key_value_heads=8)),
-    ("llama-2-7b", ModelShape(num_parameters=6_738_415_616, hidden_size=4096, num_layers=32,
-                              intermediate_size=11008, vocab_size=32000, num_attention_heads=32,
-                              num_key_value_heads=32)),
-    ("mistral-7b", ModelShape(num_parameters=7_241_732_096, hidden_size=4096, num_layers=32,
-                              intermediate_size=14336, vocab_size=32000, num_attention_heads=32,
-                              num_key_value_heads=8)),
+    (
+        "builtin:tiny-llama",
+        ModelShape(
+            num_parameters=206_000,
+            hidden_size=64,
+            num_layers=2,
+            intermediate_size=172,
+            vocab_size=512,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+        ),
+    ),
+    (
+        "llama-3.1-70b",
+        ModelShape(
+            num_parameters=70_553_706_496,
+            hidden_size=8192,
+            num_layers=80,
+            intermediate_size=28672,
+            vocab_size=128256,
+            num_attention_heads=64,
+            num_key_value_heads=8,
+        ),
+    ),
+    (
+        "llama-3-70b",
+        ModelShape(
+            num_parameters=70_553_706_496,
+            hidden_size=8192,
+            num_layers=80,
+            intermediate_size=28672,
+            vocab_size=128256,
+            num_attention_heads=64,
+            num_key_value_heads=8,
+        ),
+    ),
+    (
+        "llama-2-70b",
+        ModelShape(
+            num_parameters=68_976_648_192,
+            hidden_size=8192,
+            num_layers=80,
+            intermediate_size=28672,
+            vocab_size=32000,
+            num_attention_heads=64,
+            num_key_value_heads=8,
+        ),
+    ),
+    (
+        "llama-2-13b",
+        ModelShape(
+            num_parameters=13_015_864_320,
+            hidden_size=5120,
+            num_layers=40,
+            intermediate_size=13824,
+            vocab_size=32000,
+            num_attention_heads=40,
+            num_key_value_heads=40,
+        ),
+    ),
+    (
+        "llama-3.1-8b",
+        ModelShape(
+            num_parameters=8_030_261_248,
+            hidden_size=4096,
+            num_layers=32,
+            intermediate_size=14336,
+            vocab_size=128256,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+        ),
+    ),
+    (
+        "llama-3-8b",
+        ModelShape(
+            num_parameters=8_030_261_248,
+            hidden_size=4096,
+            num_layers=32,
+            intermediate_size=14336,
+            vocab_size=128256,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+        ),
+    ),
+    (
+        "llama-2-7b",
+        ModelShape(
+            num_parameters=6_738_415_616,
+            hidden_size=4096,
+            num_layers=32,
+            intermediate_size=11008,
+            vocab_size=32000,
+            num_attention_heads=32,
+            num_key_value_heads=32,
+        ),
+    ),
+    (
+        "mistral-7b",
+        ModelShape(
+            num_parameters=7_241_732_096,
+            hidden_size=4096,
+            num_layers=32,
+            intermediate_size=14336,
+            vocab_size=32000,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+        ),
+    ),
 ]
 
 # Candidate strategies for `auto`, cheapest communication first.
@@ -125,8 +207,13 @@ def lora_parameter_count(spec: FineTuneJobSpec, shape: ModelShape) -> int:
     heads = shape.num_attention_heads or 1
     kv = h * (shape.num_key_value_heads or heads) // heads
     linears = {
-        "q_proj": (h, h), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (h, h),
-        "gate_proj": (h, inter), "up_proj": (h, inter), "down_proj": (inter, h),
+        "q_proj": (h, h),
+        "k_proj": (h, kv),
+        "v_proj": (h, kv),
+        "o_proj": (h, h),
+        "gate_proj": (h, inter),
+        "up_proj": (h, inter),
+        "down_proj": (inter, h),
     }
     targets = spec.adapter.target_modules
     chosen = linears.values() if targets == "all-linear" else [linears[t] for t in targets if t in linears]
@@ -156,8 +243,10 @@ def estimate_memory(spec: FineTuneJobSpec, shape: ModelShape, strategy: Strategy
     lora = lora_parameter_count(spec, shape)
     weights = lora * 4
     grads = lora * 4 / (gpus if stage >= 2 else 1)
-    optimizer = 0.0 if strategy.offload_optimizer != "none" else lora * (ADAM_STATE_BYTES - 8) / (
-        gpus if stage >= 1 else 1
+    optimizer = (
+        0.0
+        if strategy.offload_optimizer != "none"
+        else lora * (ADAM_STATE_BYTES - 8) / (gpus if stage >= 1 else 1)
     )
     parts["lora weights+grads+adam"] = weights + grads + optimizer
 
@@ -192,21 +281,34 @@ def plan_job(spec: FineTuneJobSpec) -> Plan:
                 f"'auto' needs the model's size, and {spec.model.name!r} is not a known model; "
                 "set spec.model.shape (numParameters, hiddenSize, numLayers) or choose a zeroStage",
             )
-        return Plan(requested, MemoryEstimate(), gpu_gib, ModelShape(num_parameters=1, hidden_size=1, num_layers=1),
-                    0, "model size unknown: no estimate (set spec.model.shape for one)")
+        return Plan(
+            requested,
+            MemoryEstimate(),
+            gpu_gib,
+            ModelShape(num_parameters=1, hidden_size=1, num_layers=1),
+            0,
+            "model size unknown: no estimate (set spec.model.shape for one)",
+        )
     lora = lora_parameter_count(spec, shape)
     if requested is not None:
         plan = Plan(requested, estimate_memory(spec, shape, requested), gpu_gib, shape, lora, "")
-        reason = "as requested" if plan.fits or not spec.distributed.gpus_per_node else (
-            f"as requested; estimated {plan.estimate.total_gib:.1f} GiB exceeds {FIT_MARGIN:.0%} of "
-            f"{gpu_gib:g} GiB and may run out of memory"
+        reason = (
+            "as requested"
+            if plan.fits or not spec.distributed.gpus_per_node
+            else (
+                f"as requested; estimated {plan.estimate.total_gib:.1f} GiB exceeds {FIT_MARGIN:.0%} of "
+                f"{gpu_gib:g} GiB and may run out of memory"
+            )
         )
         return Plan(requested, plan.estimate, gpu_gib, shape, lora, reason)
     ds = spec.distributed.deepspeed
     tried: list[str] = []
     for stage, off_opt, off_params in AUTO_LADDER:
-        strategy = Strategy(stage, off_opt if ds.offload_optimizer == "none" else ds.offload_optimizer,
-                            off_params if ds.offload_params == "none" else ds.offload_params)
+        strategy = Strategy(
+            stage,
+            off_opt if ds.offload_optimizer == "none" else ds.offload_optimizer,
+            off_params if ds.offload_params == "none" else ds.offload_params,
+        )
         if strategy.offload_params != "none" and stage != 3:
             continue
         if strategy.offload_optimizer != "none" and stage == 0:
@@ -220,8 +322,12 @@ def plan_job(spec: FineTuneJobSpec) -> Plan:
             )
             return Plan(strategy, estimate, gpu_gib, shape, lora, reason)
         tried.append(f"stage {stage}/{strategy.offload}: {estimate.total_gib:.1f} GiB")
-    raise InvalidSpecError([FieldError(
-        "spec.distributed",
-        f"no ZeRO strategy fits {gpu_gib:g} GiB per GPU ({'; '.join(tried)}); add GPUs or nodes, "
-        "quantize the model, enable gradientCheckpointing or lower perDeviceTrainBatchSize",
-    )])
+    raise InvalidSpecError(
+        [
+            FieldError(
+                "spec.distributed",
+                f"no ZeRO strategy fits {gpu_gib:g} GiB per GPU ({'; '.join(tried)}); add GPUs or nodes, "
+                "quantize the model, enable gradientCheckpointing or lower perDeviceTrainBatchSize",
+            )
+        ]
+    )

@@ -11,6 +11,25 @@ from finetune_operator.api.resource import FineTuneJob
 
 DS = "spec.distributed.deepspeed"
 
+# DeepSpeed keys the spec owns: an override of one would make the rendered files disagree.
+OWNED_OVERRIDES = {
+    ("zero_optimization", "stage"): "zeroStage",
+    ("zero_optimization", "offload_optimizer", "device"): "offloadOptimizer",
+    ("zero_optimization", "offload_param", "device"): "offloadParams",
+    ("train_micro_batch_size_per_gpu",): "spec.training.perDeviceTrainBatchSize",
+    ("gradient_accumulation_steps",): "spec.training.gradientAccumulationSteps",
+    ("train_batch_size",): "spec.training.perDeviceTrainBatchSize and gradientAccumulationSteps",
+}
+
+
+def _lookup(data: dict[str, object], path: tuple[str, ...]) -> bool:
+    node: object = data
+    for key in path:
+        if not isinstance(node, dict) or key not in node:
+            return False
+        node = node[key]
+    return True
+
 
 def check_job(job: FineTuneJob) -> list[FieldError]:
     """Every rule a parsed job breaks; empty when it can run."""
@@ -22,7 +41,10 @@ def check_job(job: FineTuneJob) -> list[FieldError]:
         errors.append(FieldError(path, message))
 
     if len(job.name) > constants.JOB_NAME_MAX:
-        bad("metadata.name", f"must be at most {constants.JOB_NAME_MAX} characters so child names stay DNS labels")
+        bad(
+            "metadata.name",
+            f"must be at most {constants.JOB_NAME_MAX} characters so child names stay DNS labels",
+        )
     stage = ds.zero_stage
     if ds.offload_params != "none" and stage not in (3, "auto"):
         bad(
@@ -37,6 +59,9 @@ def check_job(job: FineTuneJob) -> list[FieldError]:
         )
     if "nvme" in (ds.offload_params, ds.offload_optimizer) and not ds.nvme_path:
         bad(f"{DS}.nvmePath", "is required with nvme offload; set it to a local NVMe mount")
+    for path, owner in OWNED_OVERRIDES.items():
+        if _lookup(ds.overrides, path):
+            bad(f"{DS}.overrides.{'.'.join(path)}", f"is set by the spec; use {owner} instead")
     if spec.model.quantization is not None and spec.adapter.type != "lora":
         bad("spec.model.quantization", "QLoRA needs a LoRA adapter (spec.adapter.type: lora)")
     dist = spec.distributed
@@ -63,7 +88,10 @@ def check_job(job: FineTuneJob) -> list[FieldError]:
     if training.mixed_precision == "fp16" and dist.gpus_per_node == 0:
         bad("spec.training.mixedPrecision", "fp16 is not supported on CPU; use bf16 or no")
     if training.merge_adapter and spec.model.quantization is not None:
-        bad("spec.training.mergeAdapter", "cannot merge into a 4-bit base model; unset it or drop quantization")
+        bad(
+            "spec.training.mergeAdapter",
+            "cannot merge into a 4-bit base model; unset it or drop quantization",
+        )
     volume = spec.output.checkpoints
     if (volume.persistent_volume_claim is None) == (volume.empty_dir is None):
         bad("spec.output.checkpoints", "set exactly one of persistentVolumeClaim or emptyDir")

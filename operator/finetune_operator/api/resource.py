@@ -15,7 +15,7 @@ class ObjectMeta(BaseModel):
 
     model_config = ConfigDict(extra="allow", populate_by_name=True)
 
-    name: str = Field(min_length=1, max_length=constants.JOB_NAME_MAX)
+    name: str = Field(min_length=1, max_length=253)
     namespace: str = "default"
     uid: str | None = None
     generation: int | None = None
@@ -39,7 +39,9 @@ class FineTuneJob(BaseModel):
         """Parse a manifest or a kopf body; raise InvalidSpecError with field paths on bad input."""
         data = dict(body)
         if data.get("kind", constants.KIND) != constants.KIND:
-            raise InvalidSpecError.from_message("kind", f"expected {constants.KIND}, got {data.get('kind')!r}")
+            raise InvalidSpecError.from_message(
+                "kind", f"expected {constants.KIND}, got {data.get('kind')!r}"
+            )
         if data.get("apiVersion", constants.API_VERSION) != constants.API_VERSION:
             raise InvalidSpecError.from_message(
                 "apiVersion", f"expected {constants.API_VERSION}, got {data.get('apiVersion')!r}"

@@ -39,7 +39,9 @@ class SecretKeyRef(ApiModel):
     """A key of a Secret in the job's namespace. Tokens only ever travel this way."""
 
     name: str = Field(min_length=1, max_length=253, description="Secret name.")
-    key: str = Field(default="token", min_length=1, max_length=253, description="Key in the Secret. Default: token.")
+    key: str = Field(
+        default="token", min_length=1, max_length=253, description="Key in the Secret. Default: token."
+    )
 
 
 class Quantization(ApiModel):
@@ -74,18 +76,26 @@ class ModelShape(ApiModel):
 class ModelSpec(ApiModel):
     """The base model to fine-tune."""
 
-    name: str = Field(min_length=1, max_length=512, description="Hub id (org/name) or a path in the image or volume.")
+    name: str = Field(
+        min_length=1, max_length=512, description="Hub id (org/name) or a path in the image or volume."
+    )
     revision: str = Field(default="main", max_length=256, description="Hub revision. Default: main.")
     attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = Field(
         default="sdpa",
         description="Attention kernel; falls back to sdpa with a log line where flash-attn is missing. Default: sdpa.",
     )
-    quantization: Quantization | None = Field(default=None, description="Present => QLoRA (4-bit base model).")
-    token_secret_ref: SecretKeyRef | None = Field(default=None, description="HF token for gated or private models.")
+    quantization: Quantization | None = Field(
+        default=None, description="Present => QLoRA (4-bit base model)."
+    )
+    token_secret_ref: SecretKeyRef | None = Field(
+        default=None, description="HF token for gated or private models."
+    )
     shape: ModelShape | None = Field(
         default=None, description="Architecture for the memory planner; known model names need none."
     )
-    trust_remote_code: bool = Field(default=False, description="Allow model code from the Hub. Default: false.")
+    trust_remote_code: bool = Field(
+        default=False, description="Allow model code from the Hub. Default: false."
+    )
 
 
 class DatasetSpec(ApiModel):
@@ -104,9 +114,15 @@ class DatasetSpec(ApiModel):
     chat_template_format: Literal["chatml", "zephyr", "none"] = Field(
         default="none", description="Chat template applied to message lists. Default: none."
     )
-    add_special_tokens: bool = Field(default=False, description="Add special tokens when tokenizing. Default: false.")
-    append_concat_token: bool = Field(default=False, description="Append EOS between packed documents. Default: false.")
-    max_seq_len: int = Field(default=2048, ge=16, le=1_048_576, description="Max tokens per sequence. Default: 2048.")
+    add_special_tokens: bool = Field(
+        default=False, description="Add special tokens when tokenizing. Default: false."
+    )
+    append_concat_token: bool = Field(
+        default=False, description="Append EOS between packed documents. Default: false."
+    )
+    max_seq_len: int = Field(
+        default=2048, ge=16, le=1_048_576, description="Max tokens per sequence. Default: 2048."
+    )
     packing: bool = Field(
         default=True,
         description="Pack documents into full sequences without cross-document attention. Default: true.",
@@ -129,7 +145,9 @@ class AdapterSpec(ApiModel):
 class TrainingSpec(ApiModel):
     """Hyper-parameters: the seed's launch flags."""
 
-    epochs: float | None = Field(default=None, gt=0, description="num_train_epochs. Default: 1 unless maxSteps.")
+    epochs: float | None = Field(
+        default=None, gt=0, description="num_train_epochs. Default: 1 unless maxSteps."
+    )
     max_steps: int | None = Field(default=None, gt=0, description="Stop after this many optimizer steps.")
     learning_rate: float = Field(default=1e-4, gt=0, description="Default: 1e-4.")
     lr_scheduler_type: Literal[
@@ -153,7 +171,9 @@ class TrainingSpec(ApiModel):
     eval_steps: int | None = Field(default=None, ge=1, description="With evalStrategy: steps.")
     save_strategy: Literal["no", "steps", "epoch"] = Field(default="epoch", description="Default: epoch.")
     save_steps: int | None = Field(default=None, ge=1, description="With saveStrategy: steps.")
-    save_total_limit: int | None = Field(default=2, ge=1, description="Checkpoints kept on the volume. Default: 2.")
+    save_total_limit: int | None = Field(
+        default=2, ge=1, description="Checkpoints kept on the volume. Default: 2."
+    )
     merge_adapter: bool = Field(
         default=False, description="Also save the base model with the adapter merged in. Default: false."
     )
@@ -163,16 +183,22 @@ class DeepSpeedSpec(ApiModel):
     """DeepSpeed ZeRO. Stage 0 means DeepSpeed off: plain data parallel."""
 
     zero_stage: ZeroStage = Field(
-        default=3, description="0 | 1 | 2 | 3 | auto (the memory planner picks the lowest that fits). Default: 3."
+        default=3,
+        description="0 | 1 | 2 | 3 | auto (the memory planner picks the lowest that fits). Default: 3.",
     )
     offload_optimizer: OffloadDevice = Field(
-        default="none", description="Optimizer state offload: none | cpu | nvme (needs zeroStage >= 1). Default: none."
+        default="none",
+        description="Optimizer state offload: none | cpu | nvme (needs zeroStage >= 1). Default: none.",
     )
     offload_params: OffloadDevice = Field(
         default="none", description="Parameter offload: none | cpu | nvme (zeroStage 3 only). Default: none."
     )
-    nvme_path: str | None = Field(default=None, max_length=1024, description="Local NVMe mount for nvme offload.")
-    zero3_init: bool = Field(default=True, description="Build the model under deepspeed.zero.Init. Default: true.")
+    nvme_path: str | None = Field(
+        default=None, max_length=1024, description="Local NVMe mount for nvme offload."
+    )
+    zero3_init: bool = Field(
+        default=True, description="Build the model under deepspeed.zero.Init. Default: true."
+    )
     save16bit_model: bool = Field(
         default=True,
         alias="save16bitModel",
@@ -228,14 +254,19 @@ class HubOutput(ApiModel):
     """Where the trained adapter is pushed."""
 
     repo_id: str = Field(
-        min_length=3, max_length=200, pattern=r"^[A-Za-z0-9][\w.-]*/[\w.-]+$", description="org/name on the Hub."
+        min_length=3,
+        max_length=200,
+        pattern=r"^[A-Za-z0-9][\w.-]*/[\w.-]+$",
+        description="org/name on the Hub.",
     )
     private: bool = Field(default=True, description="Create the repo private. Default: true.")
     strategy: Literal["end", "every_save", "checkpoint", "all_checkpoints"] = Field(
         default="every_save", description="hub_strategy. Default: every_save."
     )
     token_secret_ref: SecretKeyRef = Field(description="Secret holding a write token.")
-    endpoint: str | None = Field(default=None, max_length=512, description="Hub endpoint. Default: huggingface.co.")
+    endpoint: str | None = Field(
+        default=None, max_length=512, description="Hub endpoint. Default: huggingface.co."
+    )
 
 
 class CheckpointVolume(ApiModel):
@@ -259,7 +290,9 @@ class RunPolicy(ApiModel):
     """Lifecycle knobs; the only part of a running spec that may change."""
 
     backoff_limit: int = Field(default=3, ge=0, le=100, description="Attempts after the first. Default: 3.")
-    active_deadline_seconds: int | None = Field(default=None, ge=1, description="Fail after this long running.")
+    active_deadline_seconds: int | None = Field(
+        default=None, ge=1, description="Fail after this long running."
+    )
     ttl_seconds_after_finished: int | None = Field(
         default=None, ge=0, description="Delete the job this long after it finished."
     )
@@ -269,9 +302,13 @@ class RunPolicy(ApiModel):
 class PodTemplate(ApiModel):
     """Pod-level knobs for the trainer pods."""
 
-    image: str | None = Field(default=None, max_length=512, description="Trainer image. Default: the operator's.")
+    image: str | None = Field(
+        default=None, max_length=512, description="Trainer image. Default: the operator's."
+    )
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = Field(default=None, description="")
-    resources: FreeForm = Field(default_factory=dict, description="Container resources; GPUs are set from the spec.")
+    resources: FreeForm = Field(
+        default_factory=dict, description="Container resources; GPUs are set from the spec."
+    )
     node_selector: dict[str, str] = Field(default_factory=dict, description="Node selector.")
     tolerations: list[FreeForm] = Field(default_factory=list, max_length=64, description="Tolerations.")
     affinity: FreeForm | None = Field(default=None, description="Affinity.")
@@ -280,7 +317,9 @@ class PodTemplate(ApiModel):
     annotations: dict[str, str] = Field(default_factory=dict, description="Extra pod annotations.")
     env: list[FreeForm] = Field(default_factory=list, max_length=128, description="Extra container env vars.")
     service_account_name: str | None = Field(default=None, max_length=253, description="Pod ServiceAccount.")
-    shm_size: Quantity = Field(default="64Gi", description="Size of the memory-backed /dev/shm. Default: 64Gi.")
+    shm_size: Quantity = Field(
+        default="64Gi", description="Size of the memory-backed /dev/shm. Default: 64Gi."
+    )
 
 
 _IMMUTABLE = ("model", "dataset", "adapter", "training", "distributed", "output", "template")

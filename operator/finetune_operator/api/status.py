@@ -32,7 +32,9 @@ class Progress(ApiModel):
     loss: float | None = Field(default=None, description="Latest training loss.")
     eval_loss: float | None = Field(default=None, description="Latest eval loss.")
     learning_rate: float | None = Field(default=None, description="Current learning rate.")
-    tokens_per_second: float | None = Field(default=None, ge=0, description="Training tokens per second (all GPUs).")
+    tokens_per_second: float | None = Field(
+        default=None, ge=0, description="Training tokens per second (all GPUs)."
+    )
     percent: float | None = Field(default=None, ge=0, le=100, description="step / totalSteps, in percent.")
     eta_seconds: float | None = Field(default=None, ge=0, description="Estimated seconds left.")
     updated_at: datetime | None = Field(default=None, description="When the trainer sent this.")
@@ -60,7 +62,9 @@ class OutputStatus(ApiModel):
 class FineTuneJobStatus(ApiModel):
     """Observed state of a FineTuneJob."""
 
-    phase: Phase = Field(default="Pending", description="Pending, Running, Restarting, Succeeded, Failed or Suspended.")
+    phase: Phase = Field(
+        default="Pending", description="Pending, Running, Restarting, Succeeded, Failed or Suspended."
+    )
     conditions: list[Condition] = Field(default_factory=list, description="Conditions, one per type.")
     attempt: int = Field(default=0, ge=0, description="Current attempt (1-based once started).")
     observed_generation: int | None = Field(default=None, description="Spec generation last acted on.")

@@ -70,9 +70,9 @@ def dump_yaml(data: Any) -> str:
     return yaml.dump(data, Dumper=_BlockDumper, sort_keys=True, default_flow_style=False, width=120)
 
 
-def render_files(accelerate: dict[str, Any], deepspeed: dict[str, Any] | None, trainer: TrainerConfig) -> dict[
-    str, str
-]:
+def render_files(
+    accelerate: dict[str, Any], deepspeed: dict[str, Any] | None, trainer: TrainerConfig
+) -> dict[str, str]:
     """The config files, serialized once, so every consumer gets the same bytes."""
     files = {
         constants.ACCELERATE_FILE: dump_yaml(accelerate),
@@ -96,7 +96,9 @@ def render_all(job: FineTuneJob, options: RenderOptions | None = None) -> Render
         job,
         plan,
         topology,
-        deepspeed_json_path=f"{options.config_dir}/{constants.DEEPSPEED_FILE}" if deepspeed is not None else None,
+        deepspeed_json_path=f"{options.config_dir}/{constants.DEEPSPEED_FILE}"
+        if deepspeed is not None
+        else None,
     )
     trainer = render_trainer_config(job, plan, topology, checkpoint_dir=options.checkpoint_dir)
     files = render_files(accelerate, deepspeed, trainer)

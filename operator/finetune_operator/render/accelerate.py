@@ -26,9 +26,9 @@ _KEYS_OWNED_BY_JSON = (
 )
 
 
-def render_accelerate(job: FineTuneJob, plan: Plan, topology: Topology, *, deepspeed_json_path: str | None) -> dict[
-    str, Any
-]:
+def render_accelerate(
+    job: FineTuneJob, plan: Plan, topology: Topology, *, deepspeed_json_path: str | None
+) -> dict[str, Any]:
     """The accelerate config for every node of the job (machine rank and host come from the command)."""
     spec = job.spec
     training = spec.training

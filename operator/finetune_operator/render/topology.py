@@ -20,4 +20,6 @@ class Topology:
 def compute_topology(job: FineTuneJob) -> Topology:
     dist = job.spec.distributed
     per_machine = dist.processes_per_node or dist.gpus_per_node
-    return Topology(num_machines=dist.nodes, processes_per_machine=per_machine, use_cpu=dist.gpus_per_node == 0)
+    return Topology(
+        num_machines=dist.nodes, processes_per_machine=per_machine, use_cpu=dist.gpus_per_node == 0
+    )

@@ -81,7 +81,9 @@ def render_trainer_config(
         output=OutputConfig(
             checkpoint_dir=checkpoint_dir,
             adapter_dir=f"{checkpoint_dir}/{constants.ADAPTER_SUBDIR}",
-            hub=HubConfig(repo_id=hub.repo_id, private=hub.private, strategy=hub.strategy, endpoint=hub.endpoint)
+            hub=HubConfig(
+                repo_id=hub.repo_id, private=hub.private, strategy=hub.strategy, endpoint=hub.endpoint
+            )
             if hub
             else None,
         ),

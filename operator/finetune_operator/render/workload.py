@@ -20,7 +20,11 @@ def render_config_map(job: FineTuneJob, files: dict[str, str]) -> dict[str, Any]
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": {"name": names.config_map_name(job), "namespace": job.namespace, "labels": names.job_labels(job)},
+        "metadata": {
+            "name": names.config_map_name(job),
+            "namespace": job.namespace,
+            "labels": names.job_labels(job),
+        },
         "data": dict(sorted(files.items())),
     }
 
@@ -30,7 +34,11 @@ def render_service(job: FineTuneJob) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": {"name": names.service_name(job), "namespace": job.namespace, "labels": names.job_labels(job)},
+        "metadata": {
+            "name": names.service_name(job),
+            "namespace": job.namespace,
+            "labels": names.job_labels(job),
+        },
         "spec": {
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
@@ -46,7 +54,9 @@ def _hf_token_env(job: FineTuneJob) -> list[dict[str, Any]]:
     ref = hub.token_secret_ref if hub else job.spec.model.token_secret_ref
     if ref is None:
         return []
-    return [{"name": constants.ENV_HF_TOKEN, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}]
+    return [
+        {"name": constants.ENV_HF_TOKEN, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
+    ]
 
 
 def _checkpoint_volume(job: FineTuneJob) -> dict[str, Any]:
@@ -92,7 +102,9 @@ def render_pod_template(
             {"name": constants.ENV_PROGRESS_URL, "value": progress_url},
             {"name": constants.ENV_PROGRESS_TOKEN_FILE, "value": token_path},
         ]
-        mounts.append({"name": "progress-token", "mountPath": constants.PROGRESS_TOKEN_MOUNT, "readOnly": True})
+        mounts.append(
+            {"name": "progress-token", "mountPath": constants.PROGRESS_TOKEN_MOUNT, "readOnly": True}
+        )
         volumes.append(
             {
                 "name": "progress-token",
@@ -146,7 +158,13 @@ def render_pod_template(
 
 
 def render_job(
-    job: FineTuneJob, attempt: int, topology: Topology, command: list[str], *, image: str, progress_url: str | None
+    job: FineTuneJob,
+    attempt: int,
+    topology: Topology,
+    command: list[str],
+    *,
+    image: str,
+    progress_url: str | None,
 ) -> dict[str, Any]:
     """The Indexed Job of one attempt: one pod per node; any pod failure fails the attempt.
 
@@ -161,7 +179,11 @@ def render_job(
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": {"name": names.attempt_job_name(job, attempt), "namespace": job.namespace, "labels": labels},
+        "metadata": {
+            "name": names.attempt_job_name(job, attempt),
+            "namespace": job.namespace,
+            "labels": labels,
+        },
         "spec": {
             "completionMode": "Indexed",
             "completions": topology.num_machines,

@@ -1,0 +1,55 @@
+"""The planner: estimates by component and the `auto` choice."""
+
+import pytest
+from tests.builders import job
+
+from finetune_operator.plan import GIB, Strategy, estimate_memory, lora_parameter_count, plan_job
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "expected"),
+    [
+        ({"model": "meta-llama/Meta-Llama-3-8B", "zero": "auto"}, Strategy(0)),
+        ({"model": "meta-llama/Llama-2-70b-hf", "zero": "auto"}, Strategy(3)),
+        ({"model": "meta-llama/Llama-2-70b-hf", "zero": "auto", "qlora": True}, Strategy(0)),
+        ({"model": "meta-llama/Llama-2-70b-hf", "zero": "auto", "gpus": 2}, Strategy(3, "cpu", "cpu")),
+    ],
+    ids=[
+        "a LoRA run of an 8B model that fits one GPU is plain data parallel",
+        "70B bf16 on 8 GPUs needs parameter sharding",
+        "70B in 4 bit fits each GPU without sharding",
+        "70B bf16 on 2 GPUs needs parameters and optimizer offloaded to CPU",
+    ],
+)
+def test_auto_picks_the_lowest_stage_that_fits(kwargs: dict[str, object], expected: Strategy) -> None:
+    plan = plan_job(job(**kwargs).spec)  # type: ignore[arg-type]
+    assert plan.strategy == expected
+    assert plan.fits and "lowest ZeRO stage that fits" in plan.reason
+
+
+def test_lora_parameters_of_llama2_70b_all_linear() -> None:
+    spec = job(model="meta-llama/Llama-2-70b-hf").spec
+    # r * (in + out) per linear; GQA k/v project 8192 -> 1024.
+    per_layer = 8 * ((8192 + 8192) * 2 + (8192 + 1024) * 2 + (8192 + 28672) * 3)
+    assert lora_parameter_count(spec, plan_job(spec).shape) == per_layer * 80
+
+
+def test_zero3_shards_the_base_weights_and_offload_removes_them() -> None:
+    spec = job(model="meta-llama/Llama-2-70b-hf").spec
+    shape = plan_job(spec).shape
+    replicated = estimate_memory(spec, shape, Strategy(2)).parts["base weights"]
+    sharded = estimate_memory(spec, shape, Strategy(3)).parts["base weights (sharded)"]
+    offloaded = estimate_memory(spec, shape, Strategy(3, "cpu", "cpu")).parts["base weights (sharded)"]
+    assert replicated == pytest.approx(shape.num_parameters * 2)
+    assert sharded == pytest.approx(replicated / 8)
+    assert offloaded == 0
+
+
+def test_checkpointing_cuts_activation_memory() -> None:
+    on = job(model="meta-llama/Llama-2-7b-hf").spec
+    off = on.model_copy(update={"training": on.training.model_copy(update={"gradient_checkpointing": False})})
+    shape = plan_job(on).shape
+    with_ckpt = estimate_memory(on, shape, Strategy(3)).parts["activations (checkpointed)"]
+    without = estimate_memory(off, shape, Strategy(3)).parts["activations"]
+    assert without > 10 * with_ckpt > 0
+    assert with_ckpt / GIB < 2

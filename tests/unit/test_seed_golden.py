@@ -1,0 +1,130 @@
+"""The seed recipe's three scenarios render to the seed's own accelerate configs and launch flags."""
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from finetune_operator.cli import load_job
+from finetune_operator.render import render_all
+
+ROOT = Path(__file__).resolve().parents[2]
+SEED = ROOT / "tests" / "golden" / "seed"
+
+# Keys we add that the seed's single-node YAMLs leave out: the rendezvous port every node needs, the
+# launcher every multi-node DeepSpeed run on Kubernetes needs, and values that equal the training flags.
+ALLOWED_EXTRA = {
+    "main_process_port",
+    "debug",
+    "tpu_env",
+    "tpu_use_cluster",
+    "tpu_use_sudo",
+    "deepspeed_config.deepspeed_multinode_launcher",
+    "deepspeed_config.gradient_accumulation_steps",
+    "deepspeed_config.gradient_clipping",
+}
+# Questionnaire leftovers in the seed's ds_zero3_cpu.yaml, written at their defaults; we omit them.
+OMITTED_DEFAULTS = {"dynamo_backend": "NO", "fsdp_config": {}, "megatron_lm_config": {}}
+
+
+def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            flat |= flatten(value, f"{path}.")
+        else:
+            flat[path] = value
+    return flat
+
+
+CASES = [
+    ("examples/llama-70b-lora-zero3.yaml", "lora_zero3_8gpu.yaml"),
+    ("examples/llama-70b-qlora-zero3.yaml", "qlora_zero3_2gpu.yaml"),
+    ("examples/llama-7b-zero3-offload-1gpu.yaml", "zero3_offload_1gpu.yaml"),
+]
+
+
+@pytest.mark.parametrize(
+    ("example", "seed_file"),
+    CASES,
+    ids=["70B LoRA ZeRO-3 8 GPUs", "70B QLoRA ZeRO-3 2 GPUs", "ZeRO-3 CPU offload 1 GPU"],
+)
+def test_accelerate_config_equals_the_seed_key_by_key(example: str, seed_file: str) -> None:
+    seed = flatten(yaml.safe_load((SEED / seed_file).read_text()))
+    rendered = flatten(render_all(load_job(str(ROOT / example))).accelerate)
+    for key, default in OMITTED_DEFAULTS.items():
+        assert seed.pop(key, default) == default
+    assert {k: rendered.get(k) for k in seed} == seed
+    assert set(rendered) - set(seed) <= ALLOWED_EXTRA
+
+
+# The seed's launch flags (run_peft_deepspeed.sh and run_peft_qlora_deepspeed_stage3.sh) -> trainer.json.
+COMMON_FLAGS = {
+    "training.seed": 100,
+    "model.name_or_path": "meta-llama/Llama-2-70b-hf",
+    "data.name_or_path": "smangrul/ultrachat-10k-chatml",
+    "data.chat_template_format": "chatml",
+    "data.add_special_tokens": False,
+    "data.append_concat_token": False,
+    "data.splits": ["train", "test"],
+    "data.max_seq_len": 2048,
+    "training.num_train_epochs": 1,
+    "training.logging_steps": 5,
+    "training.eval_strategy": "epoch",
+    "training.save_strategy": "epoch",
+    "output.hub.private": True,
+    "output.hub.strategy": "every_save",
+    "training.mixed_precision": "bf16",
+    "data.packing": True,
+    "training.learning_rate": 1e-4,
+    "training.lr_scheduler_type": "cosine",
+    "training.weight_decay": 1e-4,
+    "training.warmup_steps": 0,
+    "training.max_grad_norm": 1.0,
+    "training.gradient_checkpointing": True,
+    "data.text_field": "content",
+    "model.attn_implementation": "flash_attention_2",
+    "lora.r": 8,
+    "lora.alpha": 16,
+    "lora.dropout": 0.1,
+    "lora.target_modules": "all-linear",
+}
+LORA_FLAGS = COMMON_FLAGS | {
+    "training.per_device_train_batch_size": 8,
+    "training.per_device_eval_batch_size": 8,
+    "training.gradient_accumulation_steps": 4,
+    "training.use_reentrant": False,
+    "model.quantization": None,
+}
+QLORA_FLAGS = COMMON_FLAGS | {
+    "training.per_device_train_batch_size": 2,
+    "training.per_device_eval_batch_size": 2,
+    "training.gradient_accumulation_steps": 2,
+    "training.use_reentrant": True,
+    "model.quantization.quant_type": "nf4",
+    "model.quantization.double_quant": True,
+    "model.quantization.compute_dtype": "bfloat16",
+    "model.quantization.storage_dtype": "bfloat16",
+    "model.dtype": "bfloat16",  # dtype follows bnb_4bit_quant_storage, as the seed insists
+}
+
+
+@pytest.mark.parametrize(
+    ("example", "flags"),
+    [
+        ("examples/llama-70b-lora-zero3.yaml", LORA_FLAGS),
+        ("examples/llama-70b-qlora-zero3.yaml", QLORA_FLAGS),
+    ],
+    ids=["LoRA launch flags", "QLoRA launch flags"],
+)
+def test_trainer_config_equals_the_seed_launch_flags(example: str, flags: dict[str, Any]) -> None:
+    trainer = render_all(load_job(str(ROOT / example))).trainer.model_dump(mode="json")
+    got = {}
+    for path in flags:
+        node: Any = trainer
+        for part in path.split("."):
+            node = node[part] if node is not None else None
+        got[path] = node
+    assert got == flags
