@@ -117,6 +117,16 @@ def build_parser() -> argparse.ArgumentParser:
     op.add_argument("--peering", default=None, help="kopf peering name (enables peering when set)")
     op.add_argument("--standalone", action="store_true", help="no peering (single replica, tests)")
     op.add_argument("--verbose", action="store_true")
+    op.add_argument("--priority", type=int, default=0, help="kopf peering priority (distinct per replica)")
+    op.add_argument("--image", default=None, help="default trainer image (spec.template.image wins)")
+    op.add_argument("--progress-url", default=None,
+                    help="URL the trainer pods report progress to, e.g. https://finetune-operator.NS.svc:8443")
+    op.add_argument("--progress-port", type=int, default=8443, help="HTTPS port of the progress endpoint")
+    op.add_argument("--progress-cert", default=None, help="TLS certificate file (default: self-signed)")
+    op.add_argument("--progress-key", default=None, help="TLS key file (default: self-signed)")
+    op.add_argument("--progress-host", action="append", default=[],
+                    help="DNS name or IP in the self-signed certificate (repeatable)")
+    op.add_argument("--metrics-port", type=int, default=9090, help="HTTP port of /metrics")
     op.set_defaults(func=_operator)
     return parser
 

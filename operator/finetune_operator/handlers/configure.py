@@ -1,0 +1,84 @@
+"""Startup and cleanup: kopf settings, the API client, the progress and metrics servers, wake-ups.
+
+`configure()` is the one place that changes kopf settings (each with why); everything it creates
+goes into memo as one `OperatorState`. `shutdown()` stops the servers and closes the client.
+"""
+
+import asyncio
+import logging
+from typing import Any
+
+import kopf
+from aiohttp import web
+
+from finetune_operator import constants
+from finetune_operator.handlers import requeue
+from finetune_operator.handlers.kube import Kube
+from finetune_operator.handlers.reconciling import reconcile_job
+from finetune_operator.handlers.state import OperatorConfig, OperatorState
+from finetune_operator.progress.auth import Authenticator
+from finetune_operator.progress.ratelimit import RateLimiter
+from finetune_operator.progress.server import build_app, build_metrics_app
+from finetune_operator.progress.tls import server_context
+
+CHILD_SELECTOR = f"{constants.LABEL_MANAGED_BY}={constants.MANAGED_BY}"
+
+
+def _settings(settings: kopf.OperatorSettings) -> None:
+    # Our own finalizer name, though no handler needs one today (children go by ownerReference GC).
+    settings.persistence.finalizer = constants.FINALIZER
+    # Handler progress and diff-base in annotations under finetune.dev/, never in our strict status.
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=constants.GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=constants.GROUP)
+    # We post our own events per transition; kopf's per-handler chatter only from WARNING up.
+    settings.posting.level = logging.WARNING
+    # Watch only our children server-side, not every pod/ConfigMap of the cluster (kopf 1.45+).
+    for resource in (("batch", "jobs"), ("", "pods"), ("", "configmaps"), ("", "services")):
+        settings.watching.label_selectors[resource] = CHILD_SELECTOR
+    # Reconnect watches every 5 min and notice a silent stream in 70 s (nolar/kopf#787, #1276).
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.watching.connect_timeout = 10
+    # A stuck API call must not hold a job's reconcile for kopf's default 300 s.
+    settings.networking.request_timeout = 30
+    # Unlimited workers: a limit below the number of indexed objects deadlocks startup (nolar/kopf#1243).
+    settings.queueing.worker_limit = None
+    # Retry framework errors quickly at first; our own API errors are requeued by the reconciler.
+    settings.queueing.error_delays = [1, 2, 5, 10, 30, 60]
+
+
+async def _serve(app: web.Application, port: int, ssl_context: Any = None) -> web.AppRunner:
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "0.0.0.0", port, ssl_context=ssl_context).start()
+    return runner
+
+
+@kopf.on.startup(id="configure")
+async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+    """Once at start: settings, client, progress endpoint (HTTPS), /metrics and the wake-up task."""
+    _settings(settings)
+    config: OperatorConfig = memo["config"]
+    state = OperatorState(config=config, kube=await Kube.connect())
+    memo["state"] = state
+    auth = Authenticator(review=state.kube.review_token, pod=state.kube.pod_identity)
+
+    tls = server_context(config.progress_cert, config.progress_key, list(config.progress_hosts))
+    memo["runners"] = [
+        await _serve(build_app(auth, RateLimiter(), state.kube.patch_status), config.progress_port, tls),
+        await _serve(build_metrics_app(), config.metrics_port),
+    ]
+    state.background.append(asyncio.create_task(requeue.run_wakeups(state, lambda key: reconcile_job(state, key))))
+    logger.info("progress endpoint on :%s (HTTPS), metrics on :%s", config.progress_port, config.metrics_port)
+
+
+@kopf.on.cleanup(id="shutdown")
+async def shutdown(memo: kopf.Memo, **_: Any) -> None:
+    """On exit: stop servers and the wake-up task, close the API client."""
+    for runner in memo.get("runners", []):
+        await runner.cleanup()
+    state: OperatorState | None = memo.get("state")
+    if state is not None:
+        for task in state.background:
+            task.cancel()
+        await state.kube.close()

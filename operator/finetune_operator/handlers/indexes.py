@@ -1,0 +1,120 @@
+"""kopf indexes of a job's children (Jobs, Pods, ConfigMap, Service), keyed by (namespace, job name).
+
+Each index keeps a small frozen summary rather than the body, so memory stays flat, and records the
+owner uid so the children of a deleted namesake are never taken for this job's. `observe()` folds
+the index entries of one job into the pure `Observed` that `reconcile` reads. kopf fills indexes
+before any other handler runs, so the first reconcile after a restart already sees every child.
+"""
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import kopf
+
+from finetune_operator import constants
+from finetune_operator.status import AttemptObserved, Observed, PodObserved
+
+Key = tuple[str, str]
+CHILD_LABELS = {constants.LABEL_JOB_NAME: kopf.PRESENT, constants.LABEL_MANAGED_BY: constants.MANAGED_BY}
+
+
+@dataclass(frozen=True)
+class Owned:
+    """A summary of one child plus the uid of the job that owns it."""
+
+    owner_uid: str | None
+    uid: str
+    value: Any
+
+
+def owner_uid(meta: Mapping[str, Any]) -> str | None:
+    """The uid of the controlling owner (the FineTuneJob for our children, the Job for pods)."""
+    for ref in meta.get("ownerReferences") or []:
+        if ref.get("controller"):
+            return str(ref.get("uid"))
+    return None
+
+
+def key_of(meta: Mapping[str, Any]) -> Key:
+    return str(meta.get("namespace")), str((meta.get("labels") or {}).get(constants.LABEL_JOB_NAME))
+
+
+def summarize_pod(body: Mapping[str, Any]) -> PodObserved:
+    """A trainer pod: phase, readiness, the trainer's exit code and why it ended."""
+    status = body.get("status") or {}
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+    exit_code, reason = None, status.get("reason")
+    for cs in status.get("containerStatuses") or []:
+        terminated = (cs.get("state") or {}).get("terminated")
+        if cs.get("name") == constants.TRAINER_CONTAINER and terminated:
+            exit_code, reason = terminated.get("exitCode"), reason or terminated.get("reason")
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == "DisruptionTarget" and cond.get("status") == "True":
+            reason = cond.get("reason") or reason
+    return PodObserved(
+        name=str(body["metadata"]["name"]),
+        phase=str(status.get("phase") or "Pending"),
+        ready=ready,
+        exit_code=exit_code,
+        reason=reason,
+        node=(body.get("spec") or {}).get("nodeName"),
+        deleting=bool(body["metadata"].get("deletionTimestamp")),
+    )
+
+
+def summarize_job(body: Mapping[str, Any]) -> AttemptObserved:
+    """An attempt's Job: suspended, finished, and the Failed condition's reason."""
+    meta, spec, status = body["metadata"], body.get("spec") or {}, body.get("status") or {}
+    conds = {c.get("type"): c for c in status.get("conditions") or [] if c.get("status") == "True"}
+    failed = conds.get("Failed")
+    return AttemptObserved(
+        attempt=int((meta.get("labels") or {}).get(constants.LABEL_ATTEMPT, "0")),
+        name=str(meta["name"]),
+        suspended=bool(spec.get("suspend")),
+        deleting=bool(meta.get("deletionTimestamp")),
+        complete="Complete" in conds,
+        failed=failed is not None,
+        failed_reason=failed.get("reason") if failed else None,
+        failed_message=failed.get("message") if failed else None,
+    )
+
+
+def observe(uid: str | None, jobs: Iterable[Owned], pods: Iterable[Owned], config_maps: Iterable[Owned],
+            services: Iterable[Owned]) -> Observed:
+    """Fold one job's index entries into `Observed`, keeping only children this job owns."""
+    mine = [j for j in jobs if j.owner_uid == uid]
+    by_job: dict[str, list[PodObserved]] = {}
+    for pod in pods:
+        by_job.setdefault(str(pod.owner_uid), []).append(pod.value)
+    attempts = {}
+    for job in mine:
+        value: AttemptObserved = job.value
+        pods_of = tuple(sorted(by_job.get(job.uid, []), key=lambda p: p.name))
+        attempts[value.attempt] = AttemptObserved(**{**value.__dict__, "pods": pods_of})
+    config_map = next((c.value for c in config_maps if c.owner_uid == uid), None)
+    return Observed(attempts=attempts, config_map=config_map, service=any(s.owner_uid == uid for s in services))
+
+
+@kopf.index("batch", "v1", "jobs", labels=CHILD_LABELS)
+def ftj_jobs(body: kopf.Body, **_: Any) -> dict[Key, Owned]:
+    """Attempt Jobs by owning FineTuneJob."""
+    return {key_of(body.meta): Owned(owner_uid(body.meta), str(body.meta.uid), summarize_job(body))}
+
+
+@kopf.index("", "v1", "pods", labels=CHILD_LABELS)
+def ftj_pods(body: kopf.Body, **_: Any) -> dict[Key, Owned]:
+    """Trainer pods by FineTuneJob; the owner uid here is the attempt Job's."""
+    return {key_of(body.meta): Owned(owner_uid(body.meta), str(body.meta.uid), summarize_pod(body))}
+
+
+@kopf.index("", "v1", "configmaps", labels=CHILD_LABELS)
+def ftj_configmaps(body: kopf.Body, **_: Any) -> dict[Key, Owned]:
+    """Rendered config files by FineTuneJob."""
+    return {key_of(body.meta): Owned(owner_uid(body.meta), str(body.meta.uid), dict(body.get("data") or {}))}
+
+
+@kopf.index("", "v1", "services", labels=CHILD_LABELS)
+def ftj_services(body: kopf.Body, **_: Any) -> dict[Key, Owned]:
+    """Headless Services by FineTuneJob."""
+    return {key_of(body.meta): Owned(owner_uid(body.meta), str(body.meta.uid), True)}

@@ -1,0 +1,179 @@
+"""The only module that talks to the Kubernetes API server (besides kopf's own watches).
+
+A thin async client over `kubernetes_asyncio`: server-side apply, create-if-absent, delete,
+suspend, status patch, events, TokenReview and pod lookup. It tolerates the answers that mean
+"already done" (409 on create, 404 on delete) so every call is idempotent, and turns conflicts,
+throttling and server errors into `kopf.TemporaryError` so kopf retries them. It makes no
+decisions; it never logs object bodies, tokens or env.
+"""
+
+import logging
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import kopf
+from kubernetes_asyncio import client, config
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from finetune_operator import constants
+
+FIELD_MANAGER = "finetune-operator"
+MERGE_PATCH = "application/merge-patch+json"
+APPLY_PATCH = "application/apply-patch+yaml"
+RETRYABLE = frozenset({409, 429, 500, 502, 503, 504})
+log = logging.getLogger(__name__)
+
+
+def _retry(exc: ApiException, what: str) -> kopf.TemporaryError:
+    """A transient API failure, retried by kopf soon (1 s: the hot path must stay fast)."""
+    return kopf.TemporaryError(f"{what}: HTTP {exc.status} {exc.reason}", delay=1)
+
+
+@dataclass
+class Kube:
+    """API handles shared by every handler (kept in memo, never in a module global)."""
+
+    api: client.ApiClient
+
+    @classmethod
+    async def connect(cls) -> "Kube":
+        """In-cluster credentials when running in a pod, else the kubeconfig (tests, laptops)."""
+        try:
+            config.load_incluster_config()
+        except config.ConfigException:
+            await config.load_kube_config()
+        return cls(api=client.ApiClient())
+
+    async def close(self) -> None:
+        await self.api.close()
+
+    @property
+    def core(self) -> client.CoreV1Api:
+        return client.CoreV1Api(self.api)
+
+    @property
+    def batch(self) -> client.BatchV1Api:
+        return client.BatchV1Api(self.api)
+
+    @property
+    def custom(self) -> client.CustomObjectsApi:
+        return client.CustomObjectsApi(self.api)
+
+    async def get_finetunejob(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The job as it is now (not a cached copy), or None when it is gone."""
+        try:
+            body: dict[str, Any] = await self.custom.get_namespaced_custom_object(
+                constants.GROUP, constants.VERSION, namespace, constants.PLURAL, name
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise _retry(exc, f"get {namespace}/{name}") from None
+        return body
+
+    async def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> bool:
+        """Merge-patch the status subresource (only the keys given); False when the job is gone."""
+        try:
+            await self.custom.patch_namespaced_custom_object_status(
+                constants.GROUP, constants.VERSION, namespace, constants.PLURAL, name, {"status": status},
+                _content_type=MERGE_PATCH,
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise _retry(exc, f"patch status of {namespace}/{name}") from None
+        return True
+
+    async def delete_finetunejob(self, namespace: str, name: str, uid: str | None) -> None:
+        """Delete the job itself (TTL); the precondition on uid spares a re-created namesake."""
+        body: dict[str, Any] = {"propagationPolicy": "Background"}
+        if uid:
+            body["preconditions"] = {"uid": uid}
+        try:
+            await self.custom.delete_namespaced_custom_object(
+                constants.GROUP, constants.VERSION, namespace, constants.PLURAL, name, body=body
+            )
+        except ApiException as exc:
+            if exc.status not in (404, 409):
+                raise _retry(exc, f"delete {namespace}/{name}") from None
+
+    async def apply(self, obj: dict[str, Any]) -> None:
+        """Server-side apply a ConfigMap or Service with our field manager (create or update)."""
+        meta = obj["metadata"]
+        core = self.core
+        call = core.patch_namespaced_config_map if obj["kind"] == "ConfigMap" else core.patch_namespaced_service
+        try:
+            await call(
+                meta["name"], meta["namespace"], obj, field_manager=FIELD_MANAGER, force=True, _content_type=APPLY_PATCH
+            )
+        except ApiException as exc:
+            raise _retry(exc, f"apply {obj['kind']} {meta['name']}") from None
+
+    async def create_job(self, obj: dict[str, Any]) -> bool:
+        """Create an attempt's Job unless it exists; True when this call created it."""
+        meta = obj["metadata"]
+        try:
+            await self.batch.create_namespaced_job(meta["namespace"], obj, field_manager=FIELD_MANAGER)
+        except ApiException as exc:
+            if exc.status == 409:
+                return False
+            if exc.status in RETRYABLE:
+                raise _retry(exc, f"create Job {meta['name']}") from None
+            raise
+        return True
+
+    async def delete_job(self, namespace: str, name: str) -> None:
+        """Delete an attempt's Job; its pods go with it in the background."""
+        try:
+            await self.batch.delete_namespaced_job(name, namespace, propagation_policy="Background")
+        except ApiException as exc:
+            if exc.status != 404:
+                raise _retry(exc, f"delete Job {name}") from None
+
+    async def suspend_job(self, namespace: str, name: str, suspend: bool) -> None:
+        """Set the attempt Job's spec.suspend (the Job controller deletes or recreates pods)."""
+        try:
+            await self.batch.patch_namespaced_job(name, namespace, {"spec": {"suspend": suspend}},
+                                                  _content_type=MERGE_PATCH)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise _retry(exc, f"suspend Job {name}") from None
+
+    async def post_event(self, job: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        """A core/v1 Event on the FineTuneJob; failures are logged, never raised (events are best effort)."""
+        meta = job["metadata"]
+        now = datetime.now(UTC).isoformat()
+        event = {
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {
+                "apiVersion": constants.API_VERSION, "kind": constants.KIND, "name": meta["name"],
+                "namespace": meta["namespace"], "uid": meta.get("uid"), "resourceVersion": meta.get("resourceVersion"),
+            },
+            "type": type_, "reason": reason, "message": message[:1024],
+            "source": {"component": FIELD_MANAGER}, "reportingComponent": FIELD_MANAGER,
+            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+        }
+        try:
+            await self.core.create_namespaced_event(meta["namespace"], event)
+        except ApiException as exc:
+            log.warning("could not post event %s on %s/%s: HTTP %s", reason, meta["namespace"], meta["name"],
+                        exc.status)
+
+    async def review_token(self, token: str, audience: str) -> dict[str, Any]:
+        """TokenReview for one audience; returns the review status as a plain dict."""
+        body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
+                "spec": {"token": token, "audiences": [audience]}}
+        review = await client.AuthenticationV1Api(self.api).create_token_review(body)
+        result: dict[str, Any] = self.api.sanitize_for_serialization(review.status) or {}
+        return result
+
+    async def pod_identity(self, namespace: str, name: str) -> tuple[str, dict[str, str]] | None:
+        """A pod's uid and labels, or None when it does not exist."""
+        try:
+            pod = await self.core.read_namespaced_pod(name, namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return str(pod.metadata.uid), dict(pod.metadata.labels or {})

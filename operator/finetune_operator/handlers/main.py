@@ -1,0 +1,45 @@
+"""`ftjob operator`: set up logging, build the config from flags, and hand over to kopf.
+
+Log format is set here, before kopf starts (a startup handler runs too late for it).
+"""
+
+import argparse
+import logging
+
+import kopf
+
+from finetune_operator import constants
+from finetune_operator.handlers.state import OperatorConfig
+
+
+def build_config(args: argparse.Namespace) -> OperatorConfig:
+    """Flags → the config the handlers read from memo."""
+    hosts = tuple(args.progress_host or ()) or ("localhost", "127.0.0.1")
+    return OperatorConfig(
+        image=getattr(args, "image", None) or constants.DEFAULT_TRAINER_IMAGE,
+        progress_url=args.progress_url,
+        progress_port=args.progress_port,
+        progress_cert=args.progress_cert,
+        progress_key=args.progress_key,
+        progress_hosts=hosts,
+        metrics_port=args.metrics_port,
+    )
+
+
+def run_operator(args: argparse.Namespace) -> int:
+    """Run kopf with our handlers until SIGINT/SIGTERM; 0 on a clean stop."""
+    kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat.FULL)
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    import finetune_operator.handlers  # noqa: F401  (registers the handlers)
+
+    namespaces = list(args.namespace)
+    kopf.run(
+        standalone=args.standalone or not args.peering,
+        peering_name=args.peering,
+        priority=args.priority,
+        liveness_endpoint=args.liveness or None,
+        clusterwide=args.all_namespaces or not namespaces,
+        namespaces=namespaces,
+        memo=kopf.Memo(config=build_config(args)),
+    )
+    return 0

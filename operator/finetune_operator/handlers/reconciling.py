@@ -1,0 +1,156 @@
+"""One reconcile of one FineTuneJob: read it fresh, observe its children, decide, apply, write status.
+
+Every trigger (the job's own create/update/resume events, any event of its Jobs or pods, a
+deadline/TTL wake-up, the safety timer) ends in `reconcile_job(state, key)`. Reconciles of one job
+are serialized by a per-job lock and coalesced: a trigger that arrives while one runs only marks
+the job dirty, and the running one goes round again. The job is re-read from the API server each
+round, so a decision never rests on a status this process wrote a moment ago but has not seen yet.
+"""
+
+import logging
+from datetime import UTC, datetime
+from typing import Any
+
+import kopf
+from pydantic import ValidationError
+
+from finetune_operator import metrics
+from finetune_operator.api.errors import InvalidSpecError
+from finetune_operator.api.resource import FineTuneJob
+from finetune_operator.api.status import FineTuneJobStatus
+from finetune_operator.handlers import requeue
+from finetune_operator.handlers.indexes import observe
+from finetune_operator.handlers.state import Key, OperatorState
+from finetune_operator.reconcile import Actions, reconcile
+from finetune_operator.status import Transition
+
+log = logging.getLogger(__name__)
+# Keys the progress endpoint owns; the reconciler never writes them, so it cannot undo a push.
+PROGRESS_KEYS = frozenset({"progress", "output"})
+ERROR_RETRY_SECONDS = 5.0
+
+
+def capture_indexes(state: OperatorState, kwargs: dict[str, Any]) -> None:
+    """Remember kopf's index views (they are live objects) for triggers that are not handlers."""
+    if not state.indexes:
+        state.indexes.update({k: kwargs[k] for k in ("ftj_jobs", "ftj_pods", "ftj_configmaps", "ftj_services")})
+
+
+async def reconcile_job(state: OperatorState, key: Key) -> None:
+    """Reconcile until no new trigger arrived meanwhile; triggers during a run are coalesced."""
+    state.dirty.add(key)
+    lock = state.lock(key)
+    if lock.locked():
+        return
+    async with lock:
+        while key in state.dirty:
+            state.dirty.discard(key)
+            try:
+                with metrics.RECONCILE_SECONDS.time():
+                    alive = await _reconcile_once(state, key)
+            except kopf.TemporaryError as exc:  # API hiccup: look again soon, whatever triggered us
+                log.warning("[%s/%s] reconcile will be retried: %s", *key, exc)
+                requeue.schedule(state, key, exc.delay or 1.0)
+                return
+            except Exception:  # a bug or an unexpected answer: logged, retried later, never fatal
+                log.exception("[%s/%s] reconcile failed; retrying in %s s", *key, ERROR_RETRY_SECONDS)
+                requeue.schedule(state, key, ERROR_RETRY_SECONDS)
+                return
+            if not alive:
+                state.locks.pop(key, None)
+                state.dirty.discard(key)
+
+
+def _entries(state: OperatorState, name: str, key: Key) -> list[Any]:
+    index = state.indexes.get(name)
+    return list(index.get(key, [])) if index is not None else []
+
+
+async def _reconcile_once(state: OperatorState, key: Key) -> bool:
+    """One round; False when the job is gone (or going)."""
+    body = await state.kube.get_finetunejob(*key)
+    if body is None or body["metadata"].get("deletionTimestamp"):
+        return False
+    try:
+        job = FineTuneJob.from_body(body)
+    except InvalidSpecError as exc:  # CEL and the schema let it through, the model did not
+        await _write_invalid(state, body, exc)
+        return True
+    job = job.model_copy(update={"status": _previous_status(body)})
+    observed = observe(job.metadata.uid, *(_entries(state, n, key) for n in
+                                           ("ftj_jobs", "ftj_pods", "ftj_configmaps", "ftj_services")))
+    now = datetime.now(UTC).replace(microsecond=0)
+    actions = reconcile(job, observed, now, state.config.render_options())
+    await _apply(state, job, actions)
+    await _write_status(state, body, job, actions)
+    if actions.delete_self:
+        log.info("deleting %s/%s: ttlSecondsAfterFinished passed", *key)
+        await state.kube.delete_finetunejob(job.namespace, job.name, job.metadata.uid)
+    elif actions.requeue_after is not None:
+        requeue.schedule(state, key, actions.requeue_after)
+    return True
+
+
+def _previous_status(body: dict[str, Any]) -> FineTuneJobStatus:
+    """The status as written last; a malformed one (hand-edited) counts as a fresh start."""
+    try:
+        return FineTuneJobStatus.model_validate(body.get("status") or {})
+    except ValidationError:
+        return FineTuneJobStatus()
+
+
+async def _apply(state: OperatorState, job: FineTuneJob, actions: Actions) -> None:
+    """Children first (create the next attempt before deleting the failed one), then suspend."""
+    for obj in actions.apply:
+        await state.kube.apply(obj)
+    for obj in actions.create:
+        created = await state.kube.create_job(obj)
+        if created:
+            log.info("[%s/%s] created Job %s", job.namespace, job.name, obj["metadata"]["name"])
+            if actions.status.attempt == 1:
+                metrics.JOBS_CREATED.labels(job.namespace).inc()
+    for name in actions.delete_jobs:
+        log.info("[%s/%s] deleting Job %s", job.namespace, job.name, name)
+        await state.kube.delete_job(job.namespace, name)
+    for name, suspend in actions.suspend_jobs.items():
+        log.info("[%s/%s] %s Job %s", job.namespace, job.name, "suspending" if suspend else "resuming", name)
+        await state.kube.suspend_job(job.namespace, name, suspend)
+
+
+async def _write_status(state: OperatorState, body: dict[str, Any], job: FineTuneJob, actions: Actions) -> None:
+    """Patch only what changed (and never progress/output), then post one event per transition."""
+    new = {k: v for k, v in actions.status.to_dict().items() if k not in PROGRESS_KEYS}
+    old = body.get("status") or {}
+    delta = {k: v for k, v in new.items() if old.get(k) != v}
+    if delta:
+        await state.kube.patch_status(job.namespace, job.name, delta)
+    for transition in actions.transitions:
+        await _announce(state, body, transition)
+
+
+async def _announce(state: OperatorState, body: dict[str, Any], t: Transition) -> None:
+    """A log line, an event and a metric per transition."""
+    ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
+    level = logging.WARNING if t.type == "Warning" else logging.INFO
+    log.log(level, "[%s/%s] %s: %s", ns, name, t.reason, t.message)
+    await state.kube.post_event(body, t.type, t.reason, t.message)
+    if t.reason == "Completed":
+        metrics.JOBS_SUCCEEDED.labels(ns).inc()
+    elif t.reason in ("InvalidSpec", "PermanentError", "BackoffLimitExceeded", "DeadlineExceeded"):
+        metrics.JOBS_FAILED.labels(ns, t.reason).inc()
+    elif t.type == "Warning":
+        metrics.JOBS_RESTARTED.labels(ns, t.reason).inc()
+
+
+async def _write_invalid(state: OperatorState, body: dict[str, Any], exc: InvalidSpecError) -> None:
+    """A body the model rejects: Failed/InvalidSpec with the field paths, once (sticky)."""
+    if (body.get("status") or {}).get("phase") == "Failed":
+        return
+    now = datetime.now(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+    message = f"invalid spec: {exc}"[:32768]
+    condition = {"type": "Failed", "status": "True", "reason": "InvalidSpec", "message": message,
+                 "lastTransitionTime": now}
+    status = {"phase": "Failed", "conditions": [condition], "message": message, "completionTime": now,
+              "observedGeneration": body["metadata"].get("generation")}
+    await state.kube.patch_status(body["metadata"]["namespace"], body["metadata"]["name"], status)
+    await _announce(state, body, Transition("Warning", "InvalidSpec", message))

@@ -1,0 +1,43 @@
+"""Delayed wake-ups (controller-runtime's RequeueAfter) for deadlines and TTLs, in one task.
+
+`reconcile` answers "look again in N seconds"; `schedule()` records that and a single background
+task calls back when it is due. One task for all jobs (not a kopf timer per job), so thousands of
+jobs cost one heap. Wake-ups are hints: a missed one is caught by the slow safety timer.
+"""
+
+import asyncio
+import heapq
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from finetune_operator.handlers.state import Key, OperatorState
+
+log = logging.getLogger(__name__)
+MIN_DELAY = 0.2  # clock-skew floor, so a deadline is never checked a hair too early in a tight loop
+
+
+def schedule(state: OperatorState, key: Key, delay: float) -> None:
+    """Ask for a reconcile of `key` after `delay` seconds."""
+    state.wakeups.put_nowait((time.monotonic() + max(delay, MIN_DELAY), key))
+
+
+async def run_wakeups(state: OperatorState, callback: Callable[[Key], Awaitable[None]]) -> None:
+    """Forever: sleep until the earliest wake-up (or a new one arrives), then call back."""
+    heap: list[tuple[float, Key]] = []
+    pending: set[tuple[Key, int]] = set()  # (job, half-second slot): repeated asks collapse into one
+    while True:
+        timeout = max(heap[0][0] - time.monotonic(), 0.0) if heap else None
+        try:
+            due, key = await asyncio.wait_for(state.wakeups.get(), timeout)
+        except TimeoutError:
+            due, key = heapq.heappop(heap)
+            pending.discard((key, int(due * 2)))
+            try:
+                await callback(key)
+            except Exception:  # a failed wake-up must not stop the others; the safety timer retries
+                log.exception("wake-up reconcile of %s/%s failed", *key)
+            continue
+        if (key, int(due * 2)) not in pending:
+            pending.add((key, int(due * 2)))
+            heapq.heappush(heap, (due, key))

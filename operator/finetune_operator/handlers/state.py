@@ -1,0 +1,51 @@
+"""What the operator keeps between handler calls: its flags, its API client, locks and wake-ups.
+
+One `OperatorState` is created by `configure()` at startup and put in kopf's memo; kopf copies the
+memo shallowly into every object's memo, so all handlers share this one instance (no module
+globals). It holds no object state that could go stale: reconciliation always re-reads the job.
+"""
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+from finetune_operator.handlers.kube import Kube
+from finetune_operator.render import RenderOptions
+
+Key = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    """Flags of `ftjob operator` that the handlers need."""
+
+    image: str
+    progress_url: str | None = None
+    progress_port: int = 8443
+    progress_cert: str | None = None
+    progress_key: str | None = None
+    progress_hosts: tuple[str, ...] = ()
+    metrics_port: int = 9090
+    resync_seconds: float = 60.0
+    """Safety-net reconcile period; the hot path is event-driven, this only catches missed events."""
+
+    def render_options(self) -> RenderOptions:
+        return RenderOptions(image=self.image, progress_url=self.progress_url)
+
+
+@dataclass
+class OperatorState:
+    """Shared, process-local state; created once by `configure()`."""
+
+    config: OperatorConfig
+    kube: Kube
+    locks: dict[Key, asyncio.Lock] = field(default_factory=dict)
+    dirty: set[Key] = field(default_factory=set)
+    indexes: dict[str, Any] = field(default_factory=dict)
+    """kopf's index views, captured from the first handler call for the wake-up task."""
+    wakeups: "asyncio.Queue[tuple[float, Key]]" = field(default_factory=asyncio.Queue)
+    background: list["asyncio.Task[Any]"] = field(default_factory=list)
+
+    def lock(self, key: Key) -> asyncio.Lock:
+        """One lock per job: reconciles of the same job never interleave in this process."""
+        return self.locks.setdefault(key, asyncio.Lock())

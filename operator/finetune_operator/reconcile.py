@@ -1,0 +1,118 @@
+"""Pure reconciliation: desired children of a job versus what was observed, as a list of actions.
+
+`reconcile(job, observed, now, options)` asks `compute_status` what state the job is in, renders
+that attempt's children and answers which to create, delete or (un)suspend, when to look again,
+and whether the job itself is due for deletion (TTL). The same inputs always give the same
+actions, so a restarted operator or a duplicate event never duplicates a child. It must not do
+I/O or import kopf or a Kubernetes client; `handlers` applies the actions.
+
+Order matters for crash safety: the next attempt's Job is created before the failed one is
+deleted, so the highest attempt seen on the cluster is always the current one.
+"""
+
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+from typing import Any
+
+from finetune_operator import constants
+from finetune_operator.api.resource import FineTuneJob
+from finetune_operator.api.status import TERMINAL_PHASES, FineTuneJobStatus
+from finetune_operator.render import RenderOptions, render_all
+from finetune_operator.render.names import attempt_job_name
+from finetune_operator.status import Observed, StatusResult, Transition, compute_status
+
+
+@dataclass(frozen=True)
+class Actions:
+    """What the handlers must do, in this order: apply, create, delete, suspend, then write status."""
+
+    status: FineTuneJobStatus
+    transitions: list[Transition]
+    apply: list[dict[str, Any]] = field(default_factory=list)  # server-side apply (ConfigMap, Service)
+    create: list[dict[str, Any]] = field(default_factory=list)  # create if absent (attempt Jobs)
+    delete_jobs: list[str] = field(default_factory=list)
+    suspend_jobs: dict[str, bool] = field(default_factory=dict)
+    requeue_after: float | None = None
+    delete_self: bool = False
+    invalid: bool = False
+
+
+def owned(obj: dict[str, Any], job: FineTuneJob) -> dict[str, Any]:
+    """The child with the job as its controlling owner, so deleting the job deletes it (GC)."""
+    ref = {
+        "apiVersion": job.api_version,
+        "kind": job.kind,
+        "name": job.name,
+        "uid": job.metadata.uid or "",
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+    return {**obj, "metadata": {**obj["metadata"], "ownerReferences": [ref]}}
+
+
+def _seconds(delta: timedelta) -> float:
+    return max(delta.total_seconds(), 0.0)
+
+
+def _terminal(job: FineTuneJob, observed: Observed, result: StatusResult, now: datetime) -> Actions:
+    """Stop what still runs (deadline), never create anything, and honour the TTL."""
+    status = result.status
+    running = [a.name for a in observed.attempts.values() if not a.finished and not a.deleting]
+    ttl = job.spec.run_policy.ttl_seconds_after_finished
+    requeue, delete_self = None, False
+    if ttl is not None and status.completion_time is not None:
+        left = status.completion_time + timedelta(seconds=ttl) - now
+        delete_self = left.total_seconds() <= 0
+        requeue = None if delete_self else _seconds(left)
+    return Actions(
+        status=status,
+        transitions=result.transitions,
+        delete_jobs=running,
+        requeue_after=requeue,
+        delete_self=delete_self,
+        invalid=result.invalid,
+    )
+
+
+def desired_suspend(job: FineTuneJob) -> bool | None:
+    """The attempt Job's `spec.suspend`: ours when runPolicy says so; Kueue's when the job is queued."""
+    if job.spec.run_policy.suspend:
+        return True
+    if job.metadata.labels.get(constants.KUEUE_QUEUE_LABEL):
+        return None
+    return False
+
+
+def reconcile(job: FineTuneJob, observed: Observed, now: datetime, options: RenderOptions) -> Actions:
+    """Everything needed to move the cluster toward the job's spec."""
+    result = compute_status(job, observed, now)
+    status = result.status
+    if status.phase in TERMINAL_PHASES:
+        return _terminal(job, observed, result, now)
+    attempt = status.attempt
+    rendered = render_all(job, replace(options, attempt=attempt))
+    apply = []
+    if observed.config_map != rendered.config_map["data"]:
+        apply.append(owned(rendered.config_map, job))
+    if not observed.service:
+        apply.append(owned(rendered.service, job))
+    current = observed.attempts.get(attempt)
+    create = [owned(rendered.job, job)] if current is None else []
+    stale = [a.name for n, a in sorted(observed.attempts.items()) if n < attempt and not a.deleting]
+    suspend: dict[str, bool] = {}
+    want = desired_suspend(job)
+    if current is not None and not current.finished and want is not None and current.suspended != want:
+        suspend[attempt_job_name(job, attempt)] = want
+    requeue = None
+    deadline = job.spec.run_policy.active_deadline_seconds
+    if status.start_time is not None and deadline is not None:
+        requeue = _seconds(status.start_time + timedelta(seconds=deadline) - now)
+    return Actions(
+        status=status,
+        transitions=result.transitions,
+        apply=apply,
+        create=create,
+        delete_jobs=stale,
+        suspend_jobs=suspend,
+        requeue_after=requeue,
+    )

@@ -1,0 +1,299 @@
+"""Pure status: fold what the operator observed (the attempt Jobs and their pods) into the status.
+
+`compute_status(job, observed, now)` is the one place that decides the phase, the attempt number
+and every condition; `reconcile` turns its answer into child actions, the handlers write it and
+post its transitions as events. It owns the restart, permanent-error, deadline, suspend and Kueue
+rules. It must not do I/O, log, or import kopf, a Kubernetes client or an HTTP library: it returns
+reasons and messages instead. Terminal phases (Succeeded, Failed) are sticky.
+"""
+
+import re
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from finetune_operator import constants
+from finetune_operator.api.errors import InvalidSpecError
+from finetune_operator.api.resource import FineTuneJob
+from finetune_operator.api.status import TERMINAL_PHASES, Condition, FineTuneJobStatus, Phase, PlanSummary
+from finetune_operator.render import render_all
+
+EXIT_MEANINGS = {
+    constants.EXIT_INVALID_CONFIG: "trainer.json does not validate",
+    constants.EXIT_BAD_DATASET: "bad dataset (missing text field, empty split or unreadable file)",
+    constants.EXIT_UNKNOWN_MODEL: "model id or path does not exist",
+}
+_EXIT_CODE_RE = re.compile(r"exit code (\d+)")
+_NODE_LOST_REASONS = frozenset({"NodeLost", "Evicted", "DeletionByTaintManager", "TerminationByKubelet"})
+
+
+@dataclass(frozen=True)
+class PodObserved:
+    """One trainer pod of an attempt, as much as the status needs."""
+
+    name: str
+    phase: str = "Pending"
+    ready: bool = False
+    exit_code: int | None = None
+    reason: str | None = None
+    node: str | None = None
+    deleting: bool = False
+
+
+@dataclass(frozen=True)
+class AttemptObserved:
+    """One attempt's Indexed Job and its pods."""
+
+    attempt: int
+    name: str
+    suspended: bool = False
+    deleting: bool = False
+    complete: bool = False
+    failed: bool = False
+    failed_reason: str | None = None
+    failed_message: str | None = None
+    pods: tuple[PodObserved, ...] = ()
+
+    @property
+    def ready(self) -> int:
+        return sum(1 for p in self.pods if p.phase == "Running" and p.ready and not p.deleting)
+
+    @property
+    def finished(self) -> bool:
+        return self.complete or self.failed
+
+
+@dataclass(frozen=True)
+class Observed:
+    """Everything the operator saw of a job's children (owned by this job's uid)."""
+
+    attempts: dict[int, AttemptObserved] = field(default_factory=dict)
+    config_map: dict[str, str] | None = None
+    service: bool = False
+
+
+@dataclass(frozen=True)
+class Transition:
+    """A change worth a Kubernetes event (and a log line)."""
+
+    type: str  # Normal | Warning
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class StatusResult:
+    """The new status plus what changed, for events and metrics."""
+
+    status: FineTuneJobStatus
+    transitions: list[Transition]
+    invalid: bool = False
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class _Verdict:
+    phase: Phase
+    reason: str
+    message: str
+    attempt: int
+
+
+def failure_cause(attempt: AttemptObserved) -> tuple[str, str, int | None]:
+    """Why an attempt failed: (reason, message, permanent exit code or None)."""
+    failed = [p for p in attempt.pods if p.phase == "Failed" or p.exit_code not in (None, 0)]
+    for pod in failed:
+        if pod.exit_code in constants.EXIT_PERMANENT_CODES:
+            return "PermanentError", _exit_message(pod.name, pod.exit_code), pod.exit_code
+    match = _EXIT_CODE_RE.search(attempt.failed_message or "")
+    if attempt.failed_reason == "PodFailurePolicy" and match:
+        code = int(match.group(1))
+        if code in constants.EXIT_PERMANENT_CODES:
+            return "PermanentError", _exit_message(_pod_in(attempt.failed_message or ""), code), code
+    for pod in failed:
+        if pod.reason in _NODE_LOST_REASONS:
+            return "NodeLost", f"pod {pod.name} on node {pod.node or '?'} was lost ({pod.reason})", None
+    for pod in failed:
+        if pod.exit_code not in (None, 0):
+            return (
+                "PodFailed",
+                f"pod {pod.name} exited with code {pod.exit_code} ({pod.reason or 'Error'})",
+                None,
+            )
+    detail = attempt.failed_message or attempt.failed_reason or "unknown reason"
+    return "AttemptFailed", f"Job {attempt.name} failed: {detail}", None
+
+
+def _pod_in(message: str) -> str:
+    found = re.search(r"pod (\S+)", message)
+    return found.group(1).split("/")[-1] if found else "?"
+
+
+def _exit_message(pod: str, code: int) -> str:
+    return (
+        f"trainer in pod {pod} exited with permanent error code {code} ({EXIT_MEANINGS.get(code, 'permanent')}); "
+        "not retried: fix the spec or the data and re-create the job"
+    )
+
+
+def _verdict(job: FineTuneJob, observed: Observed, now: datetime) -> _Verdict:
+    """The phase of a valid, non-terminal job: the restart/deadline/suspend/Kueue rules in order."""
+    prev = job.status
+    policy = job.spec.run_policy
+    nodes = job.spec.distributed.nodes
+    attempt = max([prev.attempt, 1, *observed.attempts])
+    current = observed.attempts.get(attempt)
+    if current is not None and current.complete:
+        return _Verdict("Succeeded", "Completed", f"attempt {attempt} completed on {nodes} node(s)", attempt)
+    if current is not None and current.failed:
+        reason, message, code = failure_cause(current)
+        if code is not None:
+            return _Verdict("Failed", "PermanentError", message, attempt)
+        if attempt - 1 >= policy.backoff_limit:
+            limit = f"backoffLimit {policy.backoff_limit} restart(s) used up"
+            return _Verdict(
+                "Failed", "BackoffLimitExceeded", f"attempt {attempt} failed: {message}; {limit}", attempt
+            )
+        restart = f"restart {attempt} of {policy.backoff_limit}"
+        text = f"attempt {attempt} failed: {message}; starting attempt {attempt + 1} ({restart})"
+        return _Verdict("Restarting", reason, text, attempt + 1)
+    deadline = policy.active_deadline_seconds
+    if prev.start_time and deadline is not None and now >= prev.start_time + timedelta(seconds=deadline):
+        text = f"ran longer than activeDeadlineSeconds {deadline}; pods stopped"
+        return _Verdict("Failed", "DeadlineExceeded", text, attempt)
+    if policy.suspend:
+        text = "suspended by runPolicy.suspend: pods deleted, checkpoints kept; set suspend: false to resume"
+        return _Verdict("Suspended", "Suspended", text, attempt)
+    queue = job.metadata.labels.get(constants.KUEUE_QUEUE_LABEL)
+    if queue and (current is None or current.suspended):
+        return _Verdict(
+            "Pending", "WaitingForAdmission", f"waiting for Kueue admission in queue {queue}", attempt
+        )
+    if current is None or current.deleting:
+        return _Verdict("Pending", "Creating", f"creating attempt {attempt}", attempt)
+    ready = current.ready
+    if ready >= nodes and not current.suspended:
+        return _Verdict(
+            "Running", "AllNodesReady", f"attempt {attempt}: {ready}/{nodes} node(s) running", attempt
+        )
+    waiting = f"attempt {attempt}: {ready}/{nodes} node(s) ready"
+    if prev.phase == "Restarting":
+        return _Verdict("Restarting", prev_reason(prev, "Restarting"), f"{waiting} after restart", attempt)
+    return _Verdict("Pending", "PodsStarting", waiting, attempt)
+
+
+def prev_reason(status: FineTuneJobStatus, ctype: str) -> str:
+    """The reason of a condition in the previous status (to keep it steady across passes)."""
+    for cond in status.conditions:
+        if cond.type == ctype:
+            return cond.reason
+    return ctype
+
+
+def _set(
+    conditions: list[Condition], ctype: str, status: str, reason: str, message: str, now: datetime
+) -> None:
+    """Set one condition in place; the transition time moves only when the status flips."""
+    for i, cond in enumerate(conditions):
+        if cond.type == ctype:
+            moved = cond.status != status
+            conditions[i] = cond.model_copy(
+                update={
+                    "status": status,
+                    "reason": reason,
+                    "message": message,
+                    "last_transition_time": now if moved else cond.last_transition_time,
+                }
+            )
+            return
+    conditions.append(
+        Condition(type=ctype, status=status, reason=reason, message=message, last_transition_time=now)  # type: ignore[arg-type]
+    )
+
+
+def _conditions(prev: FineTuneJobStatus, v: _Verdict, created: bool, now: datetime) -> list[Condition]:
+    conditions = [c.model_copy() for c in prev.conditions]
+    if created:
+        _set(conditions, "Created", "True", "ChildrenCreated", f"attempt {v.attempt} created", now)
+    suspended = v.phase == "Suspended" or v.reason == "WaitingForAdmission"
+    active = {"Running": v.phase == "Running", "Restarting": v.phase == "Restarting", "Suspended": suspended}
+    for ctype, is_true in active.items():
+        if is_true:
+            _set(conditions, ctype, "True", v.reason, v.message, now)
+        elif any(c.type == ctype and c.status == "True" for c in conditions):
+            _set(conditions, ctype, "False", "Resumed" if ctype == "Suspended" else v.reason, v.message, now)
+    if v.phase in TERMINAL_PHASES:
+        _set(conditions, v.phase, "True", v.reason, v.message, now)
+    return conditions
+
+
+def _plan_or_errors(job: FineTuneJob) -> PlanSummary | InvalidSpecError:
+    try:
+        plan = render_all(job).plan
+    except InvalidSpecError as exc:
+        return exc
+    return PlanSummary(
+        zero_stage=plan.strategy.zero_stage,
+        offload=plan.strategy.offload,
+        estimated_gpu_memory_gi_b=round(plan.estimate.total_gib, 2),
+        reason=plan.reason[:1024],
+    )
+
+
+def compute_status(job: FineTuneJob, observed: Observed, now: datetime) -> StatusResult:
+    """The job's next status and the transitions since the previous one."""
+    prev = job.status
+    generation = job.metadata.generation
+    if prev.phase in TERMINAL_PHASES:
+        return StatusResult(prev.model_copy(update={"ready_nodes": 0}), [])
+    plan = _plan_or_errors(job)
+    if isinstance(plan, InvalidSpecError):
+        fields = ", ".join(sorted({e.path for e in plan.errors}))
+        v = _Verdict("Failed", "InvalidSpec", f"invalid spec ({fields}): {plan}"[:32768], prev.attempt)
+        status = prev.model_copy(
+            update={
+                "phase": "Failed",
+                "conditions": _conditions(prev, v, False, now),
+                "observed_generation": generation,
+                "completion_time": now,
+                "message": v.message,
+            }
+        )
+        return StatusResult(status, [Transition("Warning", "InvalidSpec", v.message)], invalid=True, reason=v.reason)
+    v = _verdict(job, observed, now)
+    current = observed.attempts.get(v.attempt)
+    start_time = _start_time(prev, v, current, now)
+    status = prev.model_copy(
+        update={
+            "phase": v.phase,
+            "conditions": _conditions(prev, v, current is not None or v.attempt > 1, now),
+            "attempt": v.attempt,
+            "observed_generation": generation,
+            "start_time": start_time,
+            "completion_time": now if v.phase in TERMINAL_PHASES else None,
+            "ready_nodes": current.ready if current is not None and v.phase not in TERMINAL_PHASES else 0,
+            "nodes": job.spec.distributed.nodes,
+            "plan": plan,
+            "restarts": v.attempt - 1,
+            "message": v.message,
+        }
+    )
+    return StatusResult(status, _transitions(prev, v), reason=v.reason)
+
+
+def _start_time(
+    prev: FineTuneJobStatus, v: _Verdict, current: AttemptObserved | None, now: datetime
+) -> datetime | None:
+    """Start of the current running period: cleared while suspended, so a resume restarts the deadline."""
+    if v.phase == "Suspended" or v.reason == "WaitingForAdmission":
+        return None
+    if prev.start_time is not None:
+        return prev.start_time
+    return now if current is not None and not current.suspended and not current.finished else None
+
+
+def _transitions(prev: FineTuneJobStatus, v: _Verdict) -> list[Transition]:
+    """One event per phase change, and per new attempt while restarting."""
+    if prev.phase == v.phase and prev.attempt == v.attempt and prev.message is not None:
+        return []
+    warning = v.phase in ("Failed", "Restarting")
+    return [Transition("Warning" if warning else "Normal", v.reason, v.message)]

@@ -1,0 +1,125 @@
+"""reconcile: desired children versus observed ones → the actions the handlers apply."""
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from tests.builders import job_body
+
+from finetune_operator.api.resource import FineTuneJob
+from finetune_operator.api.status import FineTuneJobStatus
+from finetune_operator.reconcile import Actions, reconcile
+from finetune_operator.render import RenderOptions, render_all
+from finetune_operator.status import AttemptObserved, Observed, PodObserved
+
+NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
+OPTIONS = RenderOptions(image="trainer:test", progress_url="https://op:8443")
+
+
+def ftj(
+    *, status: dict[str, Any] | None = None, labels: dict[str, str] | None = None, **run_policy: Any
+) -> FineTuneJob:
+    body = job_body(name="demo", nodes=2, gpus=8, runPolicy={"backoffLimit": 2, **run_policy})
+    body["metadata"].update(uid="u1", generation=1, labels=labels or {})
+    job = FineTuneJob.from_body(body)
+    return job.model_copy(update={"status": FineTuneJobStatus.model_validate(status or {})})
+
+
+FILES = render_all(ftj()).files
+RUNNING = tuple(PodObserved(f"demo-1-{i}", "Running", ready=True) for i in range(2))
+LOST = (PodObserved("demo-1-0", "Failed", exit_code=143, reason="DeletionByTaintManager"),)
+
+
+def seen(*attempts: AttemptObserved, children: bool = True) -> Observed:
+    return Observed(attempts={a.attempt: a for a in attempts}, config_map=FILES if children else None, service=children)
+
+
+def summary(actions: Actions) -> dict[str, Any]:
+    """The parts of Actions a reader cares about, as names."""
+    return {
+        "apply": [o["kind"] for o in actions.apply],
+        "create": [o["metadata"]["name"] for o in actions.create],
+        "delete": actions.delete_jobs,
+        "suspend": actions.suspend_jobs,
+        "delete_self": actions.delete_self,
+    }
+
+
+def want(apply: list[str] | None = None, create: list[str] | None = None, delete: list[str] | None = None,
+         suspend: dict[str, bool] | None = None, delete_self: bool = False) -> dict[str, Any]:
+    return {"apply": apply or [], "create": create or [], "delete": delete or [], "suspend": suspend or {},
+            "delete_self": delete_self}
+
+
+CASES = [
+    ("a new job gets its ConfigMap, Service and attempt 1", ftj(), seen(children=False),
+     want(apply=["ConfigMap", "Service"], create=["demo-1"])),
+    ("a job whose children all exist needs nothing", ftj(), seen(AttemptObserved(1, "demo-1", pods=RUNNING)), want()),
+    ("a changed ConfigMap is applied again", ftj(),
+     Observed(attempts={1: AttemptObserved(1, "demo-1")}, config_map={"x": "y"}, service=True),
+     want(apply=["ConfigMap"])),
+    ("a lost node creates attempt 2 and deletes attempt 1", ftj(),
+     seen(AttemptObserved(1, "demo-1", failed=True, pods=LOST)),
+     want(create=["demo-2"], delete=["demo-1"])),
+    ("an older attempt left behind is deleted", ftj(status={"attempt": 2}),
+     seen(AttemptObserved(1, "demo-1", failed=True), AttemptObserved(2, "demo-2")), want(delete=["demo-1"])),
+    ("an attempt already being deleted is not deleted again", ftj(status={"attempt": 2}),
+     seen(AttemptObserved(1, "demo-1", failed=True, deleting=True), AttemptObserved(2, "demo-2")), want()),
+    ("past the backoff limit nothing is created", ftj(status={"attempt": 3}),
+     seen(AttemptObserved(3, "demo-3", failed=True, pods=LOST)), want()),
+    ("suspend sets the running Job's suspend", ftj(suspend=True), seen(AttemptObserved(1, "demo-1", pods=RUNNING)),
+     want(suspend={"demo-1": True})),
+    ("resume clears the Job's suspend", ftj(), seen(AttemptObserved(1, "demo-1", suspended=True)),
+     want(suspend={"demo-1": False})),
+    ("a Kueue-queued Job's suspend is left to Kueue", ftj(labels={"kueue.x-k8s.io/queue-name": "q"}),
+     seen(AttemptObserved(1, "demo-1", suspended=True)), want()),
+    ("a job past its deadline deletes its running attempt", ftj(activeDeadlineSeconds=10,
+     status={"startTime": "2026-01-01T11:00:00Z", "phase": "Running", "attempt": 1}),
+     seen(AttemptObserved(1, "demo-1", pods=RUNNING)), want(delete=["demo-1"])),
+    ("a succeeded job past its TTL deletes itself", ftj(ttlSecondsAfterFinished=60,
+     status={"phase": "Succeeded", "attempt": 1, "completionTime": "2026-01-01T11:00:00Z"}),
+     seen(AttemptObserved(1, "demo-1", complete=True)), want(delete_self=True)),
+    ("a failed job is never recreated even with no children left", ftj(status={"phase": "Failed", "attempt": 1}),
+     seen(children=False), want()),
+]
+
+
+@pytest.mark.parametrize(("job", "observed", "expected"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_actions(job: FineTuneJob, observed: Observed, expected: dict[str, Any]) -> None:
+    assert summary(reconcile(job, observed, NOW, OPTIONS)) == expected
+
+
+def test_children_are_the_rendered_ones_owned_by_the_job() -> None:
+    actions = reconcile(ftj(), seen(children=False), NOW, OPTIONS)
+    rendered = render_all(ftj(), OPTIONS)
+    config_map, service = actions.apply
+    assert config_map["data"] == rendered.files
+    assert {k: v for k, v in actions.create[0].items() if k != "metadata"} == {
+        k: v for k, v in rendered.job.items() if k != "metadata"
+    }
+    for child in (config_map, service, actions.create[0]):
+        (ref,) = child["metadata"]["ownerReferences"]
+        assert ref == {"apiVersion": "finetune.dev/v1alpha1", "kind": "FineTuneJob", "name": "demo", "uid": "u1",
+                       "controller": True, "blockOwnerDeletion": True}
+        assert child["metadata"]["labels"]["finetune.dev/job-name"] == "demo"
+
+
+def test_the_same_state_always_gives_the_same_actions() -> None:
+    observed = seen(AttemptObserved(1, "demo-1", failed=True, pods=LOST))
+    assert reconcile(ftj(), observed, NOW, OPTIONS) == reconcile(ftj(), observed, NOW, OPTIONS)
+
+
+def test_deadline_and_ttl_ask_for_a_wake_up() -> None:
+    running = reconcile(ftj(activeDeadlineSeconds=600, status={"startTime": "2026-01-01T11:55:00Z"}),
+                        seen(AttemptObserved(1, "demo-1", pods=RUNNING)), NOW, OPTIONS)
+    assert running.requeue_after == timedelta(minutes=5).total_seconds()
+    done = reconcile(ftj(ttlSecondsAfterFinished=3600, status={"phase": "Succeeded",
+                                                                 "completionTime": "2026-01-01T11:30:00Z"}),
+                     seen(AttemptObserved(1, "demo-1", complete=True)), NOW, OPTIONS)
+    assert (done.requeue_after, done.delete_self) == (1800.0, False)
+
+
+def test_an_invalid_spec_creates_no_child() -> None:
+    body = job_body(name="demo", overrides={"train_batch_size": 7})
+    actions = reconcile(FineTuneJob.from_body(body), Observed(), NOW, OPTIONS)
+    assert (actions.invalid, actions.apply, actions.create, actions.status.phase) == (True, [], [], "Failed")

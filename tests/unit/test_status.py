@@ -1,0 +1,142 @@
+"""compute_status: observed children + previous status → phase, attempt, conditions, transitions."""
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from tests.builders import job_body
+
+from finetune_operator.api.resource import FineTuneJob
+from finetune_operator.api.status import FineTuneJobStatus
+from finetune_operator.status import AttemptObserved, Observed, PodObserved, compute_status
+
+NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
+EARLIER = NOW - timedelta(minutes=10)
+
+
+def ftj(
+    *, status: dict[str, Any] | None = None, labels: dict[str, str] | None = None, **run_policy: Any
+) -> FineTuneJob:
+    body = job_body(name="demo", nodes=2, gpus=8, runPolicy={"backoffLimit": 2, **run_policy})
+    body["metadata"].update(uid="u1", generation=3, labels=labels or {})
+    job = FineTuneJob.from_body(body)
+    return job.model_copy(update={"status": FineTuneJobStatus.model_validate(status or {})})
+
+
+def pods(attempt: int, n: int = 2, **kw: Any) -> tuple[PodObserved, ...]:
+    return tuple(PodObserved(name=f"demo-{attempt}-{i}", **kw) for i in range(n))
+
+
+def attempt(n: int, **kw: Any) -> AttemptObserved:
+    return AttemptObserved(attempt=n, name=f"demo-{n}", **kw)
+
+
+RUNNING = pods(1, phase="Running", ready=True)
+LOST = (PodObserved("demo-1-0", "Failed", exit_code=143, reason="DeletionByTaintManager", node="kwok-gpu-1"),)
+PERMANENT = (PodObserved("demo-1-0", "Failed", exit_code=65, reason="Error"),)
+
+CASES = [
+    # (id, job kwargs, observed attempts, expected (phase, reason, attempt, restarts))
+    ("a new job with no children is pending its first attempt", {}, {}, ("Pending", "Creating", 1, 0)),
+    ("an attempt with pods still starting is pending", {}, {1: attempt(1, pods=pods(1))},
+     ("Pending", "PodsStarting", 1, 0)),
+    ("an attempt with every node ready is running", {}, {1: attempt(1, pods=RUNNING)},
+     ("Running", "AllNodesReady", 1, 0)),
+    ("a completed attempt succeeds", {}, {1: attempt(1, complete=True)}, ("Succeeded", "Completed", 1, 0)),
+    ("a lost node on attempt 1 restarts as attempt 2", {}, {1: attempt(1, failed=True, pods=LOST)},
+     ("Restarting", "NodeLost", 2, 1)),
+    ("a failed pod with a retryable code restarts", {},
+     {1: attempt(1, failed=True, pods=(PodObserved("demo-1-1", "Failed", exit_code=1),))},
+     ("Restarting", "PodFailed", 2, 1)),
+    ("a permanent exit code fails at once without a restart", {}, {1: attempt(1, failed=True, pods=PERMANENT)},
+     ("Failed", "PermanentError", 1, 0)),
+    ("a permanent exit code is read from the Job's pod-failure-policy condition", {},
+     {1: attempt(1, failed=True, failed_reason="PodFailurePolicy",
+                 failed_message="Container trainer for pod ns/demo-1-0 failed with exit code 66 matching FailJob")},
+     ("Failed", "PermanentError", 1, 0)),
+    ("the last allowed attempt failing exceeds the backoff limit", {"status": {"attempt": 3, "phase": "Running"}},
+     {3: attempt(3, failed=True, pods=LOST)}, ("Failed", "BackoffLimitExceeded", 3, 2)),
+    ("a new attempt starting after a restart stays restarting",
+     {"status": {"attempt": 2, "phase": "Restarting", "message": "x"}}, {2: attempt(2, pods=pods(2))},
+     ("Restarting", "Restarting", 2, 1)),
+    ("the highest attempt on the cluster wins over a stale status", {"status": {"attempt": 1, "phase": "Running"}},
+     {1: attempt(1, failed=True), 2: attempt(2, pods=pods(2, phase="Running", ready=True))},
+     ("Running", "AllNodesReady", 2, 1)),
+    ("runPolicy.suspend suspends a running job", {"suspend": True}, {1: attempt(1, pods=RUNNING)},
+     ("Suspended", "Suspended", 1, 0)),
+    ("a queued job waits for Kueue admission", {"labels": {"kueue.x-k8s.io/queue-name": "gpus"}},
+     {1: attempt(1, suspended=True)}, ("Pending", "WaitingForAdmission", 1, 0)),
+    ("a job past its deadline fails", {"activeDeadlineSeconds": 60, "status": {"startTime": "2026-01-01T11:50:00Z"}},
+     {1: attempt(1, pods=RUNNING)}, ("Failed", "DeadlineExceeded", 1, 0)),
+    ("a job within its deadline keeps running",
+     {"activeDeadlineSeconds": 3600, "status": {"startTime": "2026-01-01T11:50:00Z"}},
+     {1: attempt(1, pods=RUNNING)}, ("Running", "AllNodesReady", 1, 0)),
+    ("a succeeded job stays succeeded whatever is observed", {"status": {"phase": "Succeeded", "attempt": 1}},
+     {1: attempt(1, failed=True, pods=LOST)}, ("Succeeded", None, 1, 0)),
+    ("a failed job never restarts", {"status": {"phase": "Failed", "attempt": 1}}, {},
+     ("Failed", None, 1, 0)),
+]
+
+
+@pytest.mark.parametrize(("job_kwargs", "attempts", "expected"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_phase_reason_attempt(
+    job_kwargs: dict[str, Any], attempts: dict[int, AttemptObserved], expected: tuple[Any, ...]
+) -> None:
+    result = compute_status(ftj(**job_kwargs), Observed(attempts=attempts), NOW)
+    status = result.status
+    assert (status.phase, result.reason, status.attempt, status.restarts) == expected
+
+
+def test_invalid_spec_fails_naming_the_field() -> None:
+    body = job_body(name="demo", overrides={"zero_optimization": {"stage": 2}})
+    result = compute_status(FineTuneJob.from_body(body), Observed(), NOW)
+    assert (result.status.phase, result.invalid, result.reason) == ("Failed", True, "InvalidSpec")
+    assert result.status.conditions[-1].reason == "InvalidSpec"
+    assert "spec.distributed.deepspeed.overrides.zero_optimization.stage" in (result.status.message or "")
+    assert [t.reason for t in result.transitions] == ["InvalidSpec"]
+
+
+def test_a_second_pass_over_the_same_state_changes_nothing() -> None:
+    job = ftj()
+    observed = Observed(attempts={1: attempt(1, pods=RUNNING)})
+    first = compute_status(job, observed, EARLIER)
+    second = compute_status(job.model_copy(update={"status": first.status}), observed, NOW)
+    assert second.status == first.status
+    assert second.transitions == []
+
+
+def test_running_records_start_time_and_suspend_clears_it() -> None:
+    running = compute_status(ftj(), Observed(attempts={1: attempt(1, pods=RUNNING)}), EARLIER).status
+    assert running.start_time == EARLIER
+    suspended = compute_status(
+        ftj(status=running.to_dict(), suspend=True), Observed(attempts={1: attempt(1, suspended=True)}), NOW
+    ).status
+    assert (suspended.phase, suspended.start_time) == ("Suspended", None)
+    suspended_cond = next(c for c in suspended.conditions if c.type == "Suspended")
+    assert suspended_cond.status == "True"
+
+
+def test_resume_flips_the_suspended_condition_to_false() -> None:
+    prev = compute_status(ftj(suspend=True), Observed(attempts={1: attempt(1, suspended=True)}), EARLIER).status
+    resumed = compute_status(ftj(status=prev.to_dict()), Observed(attempts={1: attempt(1, pods=RUNNING)}), NOW).status
+    cond = next(c for c in resumed.conditions if c.type == "Suspended")
+    assert (resumed.phase, cond.status, cond.reason, resumed.start_time) == ("Running", "False", "Resumed", NOW)
+
+
+def test_restart_message_names_the_lost_pod_and_node() -> None:
+    result = compute_status(ftj(), Observed(attempts={1: attempt(1, failed=True, pods=LOST)}), NOW)
+    assert result.transitions[0].type == "Warning"
+    assert "demo-1-0" in result.transitions[0].message and "kwok-gpu-1" in result.transitions[0].message
+    assert "attempt 2" in result.transitions[0].message
+
+
+def test_permanent_error_message_explains_the_exit_code() -> None:
+    status = compute_status(ftj(), Observed(attempts={1: attempt(1, failed=True, pods=PERMANENT)}), NOW).status
+    assert "65" in (status.message or "") and "dataset" in (status.message or "")
+    assert status.completion_time == NOW
+
+
+def test_plan_is_reported() -> None:
+    status = compute_status(ftj(), Observed(), NOW).status
+    assert status.plan is not None and status.plan.zero_stage in (0, 1, 2, 3)
+    assert status.observed_generation == 3 and status.nodes == 2
