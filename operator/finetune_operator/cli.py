@@ -78,7 +78,7 @@ def _run(args: argparse.Namespace) -> int:
 def _operator(args: argparse.Namespace) -> int:
     from finetune_operator.handlers.main import run_operator
 
-    return run_operator(args)
+    return int(run_operator(args) or 0)
 
 
 def build_parser() -> argparse.ArgumentParser:

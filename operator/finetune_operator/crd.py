@@ -73,7 +73,8 @@ def structural_schema(model: type[FineTuneJobSpec] | type[FineTuneJobStatus]) ->
     """A structural OpenAPI v3 schema of one model."""
     raw = model.model_json_schema(by_alias=True, mode="validation")
     defs = raw.pop("$defs", {})
-    return _resolve(raw, defs)
+    schema: dict[str, Any] = _resolve(raw, defs)
+    return schema
 
 
 PRINTER_COLUMNS = [

@@ -28,3 +28,9 @@ def cel(rule: str, message: str, *, field_path: str | None = None) -> dict[str, 
     if field_path:
         entry["fieldPath"] = field_path
     return entry
+
+
+def with_cel_rules(*rules: dict[str, str]) -> ConfigDict:
+    """ApiModel's config plus object-level CEL rules (cross-field rules live on the object they span)."""
+    extra: dict[str, Any] = {"x-kubernetes-validations": list(rules)}
+    return ConfigDict(**ApiModel.model_config, json_schema_extra=extra)

@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, WithJsonSchema
 
-from finetune_operator.api.base import ApiModel, cel
+from finetune_operator.api.base import ApiModel, cel, with_cel_rules
 
 Dtype = Literal["bfloat16", "float16", "float32"]
 OffloadDevice = Literal["none", "cpu", "nvme"]
@@ -39,9 +39,7 @@ class SecretKeyRef(ApiModel):
     """A key of a Secret in the job's namespace. Tokens only ever travel this way."""
 
     name: str = Field(min_length=1, max_length=253, description="Secret name.")
-    key: str = Field(
-        default="token", min_length=1, max_length=253, description="Key in the Secret. Default: token."
-    )
+    key: str = Field(default="token", min_length=1, max_length=253, description="Key in the Secret. Default: token.")
 
 
 class Quantization(ApiModel):
@@ -76,26 +74,18 @@ class ModelShape(ApiModel):
 class ModelSpec(ApiModel):
     """The base model to fine-tune."""
 
-    name: str = Field(
-        min_length=1, max_length=512, description="Hub id (org/name) or a path in the image or volume."
-    )
+    name: str = Field(min_length=1, max_length=512, description="Hub id (org/name) or a path in the image or volume.")
     revision: str = Field(default="main", max_length=256, description="Hub revision. Default: main.")
     attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = Field(
         default="sdpa",
         description="Attention kernel; falls back to sdpa with a log line where flash-attn is missing. Default: sdpa.",
     )
-    quantization: Quantization | None = Field(
-        default=None, description="Present => QLoRA (4-bit base model)."
-    )
-    token_secret_ref: SecretKeyRef | None = Field(
-        default=None, description="HF token for gated or private models."
-    )
+    quantization: Quantization | None = Field(default=None, description="Present => QLoRA (4-bit base model).")
+    token_secret_ref: SecretKeyRef | None = Field(default=None, description="HF token for gated or private models.")
     shape: ModelShape | None = Field(
         default=None, description="Architecture for the memory planner; known model names need none."
     )
-    trust_remote_code: bool = Field(
-        default=False, description="Allow model code from the Hub. Default: false."
-    )
+    trust_remote_code: bool = Field(default=False, description="Allow model code from the Hub. Default: false.")
 
 
 class DatasetSpec(ApiModel):
@@ -114,15 +104,9 @@ class DatasetSpec(ApiModel):
     chat_template_format: Literal["chatml", "zephyr", "none"] = Field(
         default="none", description="Chat template applied to message lists. Default: none."
     )
-    add_special_tokens: bool = Field(
-        default=False, description="Add special tokens when tokenizing. Default: false."
-    )
-    append_concat_token: bool = Field(
-        default=False, description="Append EOS between packed documents. Default: false."
-    )
-    max_seq_len: int = Field(
-        default=2048, ge=16, le=1_048_576, description="Max tokens per sequence. Default: 2048."
-    )
+    add_special_tokens: bool = Field(default=False, description="Add special tokens when tokenizing. Default: false.")
+    append_concat_token: bool = Field(default=False, description="Append EOS between packed documents. Default: false.")
+    max_seq_len: int = Field(default=2048, ge=16, le=1_048_576, description="Max tokens per sequence. Default: 2048.")
     packing: bool = Field(
         default=True,
         description="Pack documents into full sequences without cross-document attention. Default: true.",
@@ -145,9 +129,7 @@ class AdapterSpec(ApiModel):
 class TrainingSpec(ApiModel):
     """Hyper-parameters: the seed's launch flags."""
 
-    epochs: float | None = Field(
-        default=None, gt=0, description="num_train_epochs. Default: 1 unless maxSteps."
-    )
+    epochs: float | None = Field(default=None, gt=0, description="num_train_epochs. Default: 1 unless maxSteps.")
     max_steps: int | None = Field(default=None, gt=0, description="Stop after this many optimizer steps.")
     learning_rate: float = Field(default=1e-4, gt=0, description="Default: 1e-4.")
     lr_scheduler_type: Literal[
@@ -171,9 +153,7 @@ class TrainingSpec(ApiModel):
     eval_steps: int | None = Field(default=None, ge=1, description="With evalStrategy: steps.")
     save_strategy: Literal["no", "steps", "epoch"] = Field(default="epoch", description="Default: epoch.")
     save_steps: int | None = Field(default=None, ge=1, description="With saveStrategy: steps.")
-    save_total_limit: int | None = Field(
-        default=2, ge=1, description="Checkpoints kept on the volume. Default: 2."
-    )
+    save_total_limit: int | None = Field(default=2, ge=1, description="Checkpoints kept on the volume. Default: 2.")
     merge_adapter: bool = Field(
         default=False, description="Also save the base model with the adapter merged in. Default: false."
     )
@@ -193,12 +173,8 @@ class DeepSpeedSpec(ApiModel):
     offload_params: OffloadDevice = Field(
         default="none", description="Parameter offload: none | cpu | nvme (zeroStage 3 only). Default: none."
     )
-    nvme_path: str | None = Field(
-        default=None, max_length=1024, description="Local NVMe mount for nvme offload."
-    )
-    zero3_init: bool = Field(
-        default=True, description="Build the model under deepspeed.zero.Init. Default: true."
-    )
+    nvme_path: str | None = Field(default=None, max_length=1024, description="Local NVMe mount for nvme offload.")
+    zero3_init: bool = Field(default=True, description="Build the model under deepspeed.zero.Init. Default: true.")
     save16bit_model: bool = Field(
         default=True,
         alias="save16bitModel",
@@ -223,16 +199,12 @@ class RendezvousSpec(ApiModel):
 class DistributedSpec(ApiModel):
     """How many machines and GPUs, and how the model is sharded across them."""
 
-    model_config = ApiModel.model_config | {
-        "json_schema_extra": {
-            "x-kubernetes-validations": [
-                cel(
-                    "self.gpusPerNode > 0 || has(self.processesPerNode)",
-                    "processesPerNode must be set when gpusPerNode is 0 (CPU-only job)",
-                )
-            ]
-        }
-    }
+    model_config = with_cel_rules(
+        cel(
+            "self.gpusPerNode > 0 || has(self.processesPerNode)",
+            "processesPerNode must be set when gpusPerNode is 0 (CPU-only job)",
+        )
+    )
 
     nodes: int = Field(default=1, ge=1, le=512, description="Pods (machines). Default: 1.")
     gpus_per_node: int = Field(default=8, ge=0, le=16, description="GPUs per pod; 0 runs on CPU. Default: 8.")
@@ -264,9 +236,7 @@ class HubOutput(ApiModel):
         default="every_save", description="hub_strategy. Default: every_save."
     )
     token_secret_ref: SecretKeyRef = Field(description="Secret holding a write token.")
-    endpoint: str | None = Field(
-        default=None, max_length=512, description="Hub endpoint. Default: huggingface.co."
-    )
+    endpoint: str | None = Field(default=None, max_length=512, description="Hub endpoint. Default: huggingface.co.")
 
 
 class CheckpointVolume(ApiModel):
@@ -290,9 +260,7 @@ class RunPolicy(ApiModel):
     """Lifecycle knobs; the only part of a running spec that may change."""
 
     backoff_limit: int = Field(default=3, ge=0, le=100, description="Attempts after the first. Default: 3.")
-    active_deadline_seconds: int | None = Field(
-        default=None, ge=1, description="Fail after this long running."
-    )
+    active_deadline_seconds: int | None = Field(default=None, ge=1, description="Fail after this long running.")
     ttl_seconds_after_finished: int | None = Field(
         default=None, ge=0, description="Delete the job this long after it finished."
     )
@@ -302,13 +270,9 @@ class RunPolicy(ApiModel):
 class PodTemplate(ApiModel):
     """Pod-level knobs for the trainer pods."""
 
-    image: str | None = Field(
-        default=None, max_length=512, description="Trainer image. Default: the operator's."
-    )
+    image: str | None = Field(default=None, max_length=512, description="Trainer image. Default: the operator's.")
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = Field(default=None, description="")
-    resources: FreeForm = Field(
-        default_factory=dict, description="Container resources; GPUs are set from the spec."
-    )
+    resources: FreeForm = Field(default_factory=dict, description="Container resources; GPUs are set from the spec.")
     node_selector: dict[str, str] = Field(default_factory=dict, description="Node selector.")
     tolerations: list[FreeForm] = Field(default_factory=list, max_length=64, description="Tolerations.")
     affinity: FreeForm | None = Field(default=None, description="Affinity.")
@@ -317,9 +281,7 @@ class PodTemplate(ApiModel):
     annotations: dict[str, str] = Field(default_factory=dict, description="Extra pod annotations.")
     env: list[FreeForm] = Field(default_factory=list, max_length=128, description="Extra container env vars.")
     service_account_name: str | None = Field(default=None, max_length=253, description="Pod ServiceAccount.")
-    shm_size: Quantity = Field(
-        default="64Gi", description="Size of the memory-backed /dev/shm. Default: 64Gi."
-    )
+    shm_size: Quantity = Field(default="64Gi", description="Size of the memory-backed /dev/shm. Default: 64Gi.")
 
 
 _IMMUTABLE = ("model", "dataset", "adapter", "training", "distributed", "output", "template")
@@ -339,50 +301,46 @@ _IMMUTABLE_RULE = (
 class FineTuneJobSpec(ApiModel):
     """What to fine-tune, on what data, how, where it runs and where the result goes."""
 
-    model_config = ApiModel.model_config | {
-        "json_schema_extra": {
-            "x-kubernetes-validations": [
-                cel(
-                    "!has(self.model.quantization) || !has(self.adapter) || self.adapter.type == 'lora'",
-                    "model.quantization (QLoRA) needs a LoRA adapter",
-                ),
-                cel(
-                    "!has(self.distributed) || !has(self.distributed.deepspeed) || "
-                    "!has(self.distributed.deepspeed.offloadParams) || self.distributed.deepspeed.offloadParams "
-                    "== 'none' || !has(self.distributed.deepspeed.zeroStage) || "
-                    "type(self.distributed.deepspeed.zeroStage) == string || self.distributed.deepspeed.zeroStage == 3",
-                    "distributed.deepspeed.offloadParams needs zeroStage 3",
-                ),
-                cel(
-                    "!has(self.distributed) || !has(self.distributed.deepspeed) || "
-                    "!has(self.distributed.deepspeed.offloadOptimizer) || "
-                    "self.distributed.deepspeed.offloadOptimizer == 'none' || "
-                    "(has(self.distributed.deepspeed.zeroStage) && "
-                    "(type(self.distributed.deepspeed.zeroStage) == string || "
-                    "self.distributed.deepspeed.zeroStage >= 1))",
-                    "distributed.deepspeed.offloadOptimizer needs zeroStage >= 1",
-                ),
-                cel(
-                    "!has(self.distributed) || !has(self.distributed.deepspeed) || "
-                    "has(self.distributed.deepspeed.nvmePath) || "
-                    "((!has(self.distributed.deepspeed.offloadOptimizer) || "
-                    "self.distributed.deepspeed.offloadOptimizer != 'nvme') && "
-                    "(!has(self.distributed.deepspeed.offloadParams) || "
-                    "self.distributed.deepspeed.offloadParams != 'nvme'))",
-                    "distributed.deepspeed.nvmePath is required with nvme offload",
-                ),
-                cel(
-                    "!has(self.training) || !has(self.training.saveStrategy) || "
-                    "self.training.saveStrategy != 'steps' || has(self.training.saveSteps)",
-                    "training.saveSteps is required with saveStrategy: steps",
-                ),
-                cel(
-                    _IMMUTABLE_RULE,
-                    "the spec of a running job is immutable except runPolicy; set runPolicy.suspend: true first",
-                ),
-            ]
-        }
-    }
+    model_config = with_cel_rules(
+        cel(
+            "!has(self.model.quantization) || !has(self.adapter) || self.adapter.type == 'lora'",
+            "model.quantization (QLoRA) needs a LoRA adapter",
+        ),
+        cel(
+            "!has(self.distributed) || !has(self.distributed.deepspeed) || "
+            "!has(self.distributed.deepspeed.offloadParams) || self.distributed.deepspeed.offloadParams "
+            "== 'none' || !has(self.distributed.deepspeed.zeroStage) || "
+            "type(self.distributed.deepspeed.zeroStage) == string || self.distributed.deepspeed.zeroStage == 3",
+            "distributed.deepspeed.offloadParams needs zeroStage 3",
+        ),
+        cel(
+            "!has(self.distributed) || !has(self.distributed.deepspeed) || "
+            "!has(self.distributed.deepspeed.offloadOptimizer) || "
+            "self.distributed.deepspeed.offloadOptimizer == 'none' || "
+            "(has(self.distributed.deepspeed.zeroStage) && "
+            "(type(self.distributed.deepspeed.zeroStage) == string || "
+            "self.distributed.deepspeed.zeroStage >= 1))",
+            "distributed.deepspeed.offloadOptimizer needs zeroStage >= 1",
+        ),
+        cel(
+            "!has(self.distributed) || !has(self.distributed.deepspeed) || "
+            "has(self.distributed.deepspeed.nvmePath) || "
+            "((!has(self.distributed.deepspeed.offloadOptimizer) || "
+            "self.distributed.deepspeed.offloadOptimizer != 'nvme') && "
+            "(!has(self.distributed.deepspeed.offloadParams) || "
+            "self.distributed.deepspeed.offloadParams != 'nvme'))",
+            "distributed.deepspeed.nvmePath is required with nvme offload",
+        ),
+        cel(
+            "!has(self.training) || !has(self.training.saveStrategy) || "
+            "self.training.saveStrategy != 'steps' || has(self.training.saveSteps)",
+            "training.saveSteps is required with saveStrategy: steps",
+        ),
+        cel(
+            _IMMUTABLE_RULE,
+            "the spec of a running job is immutable except runPolicy; set runPolicy.suspend: true first",
+        ),
+    )
 
     model: ModelSpec = Field(description="Base model.")
     dataset: DatasetSpec = Field(description="Training data.")

@@ -7,6 +7,7 @@ from finetune_operator.render.topology import Topology
 from finetune_trainer.config import (
     DataConfig,
     DistributedConfig,
+    Dtype,
     HubConfig,
     JobInfo,
     LoraConfig,
@@ -17,7 +18,7 @@ from finetune_trainer.config import (
     TrainingConfig,
 )
 
-_DTYPE_OF_PRECISION = {"bf16": "bfloat16", "fp16": "float16", "no": "float32"}
+_DTYPE_OF_PRECISION: dict[str, Dtype] = {"bf16": "bfloat16", "fp16": "float16", "no": "float32"}
 
 
 def render_trainer_config(
