@@ -1,0 +1,63 @@
+"""The progress channel on the real control plane: TokenReview with the job's audience, pod label."""
+
+from __future__ import annotations
+
+import json
+import ssl
+import urllib.error
+import urllib.request
+
+from ..conftest import Cluster, wait_until
+from .conftest import Operator, apply, ftj, items, wait_phase
+
+REPORT = {"progress": {"step": 7, "totalSteps": 10, "loss": 1.25, "percent": 70.0, "epoch": 0.7}}
+
+
+def post(operator: Operator, namespace: str, name: str, token: str | None, body: object = REPORT) -> int:
+    url = f"https://127.0.0.1:{operator.progress_port}/v1/namespaces/{namespace}/finetunejobs/{name}/progress"
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers, method="POST")
+    insecure = ssl.create_default_context()
+    insecure.check_hostname, insecure.verify_mode = False, ssl.CERT_NONE  # self-signed operator cert
+    try:
+        with urllib.request.urlopen(request, context=insecure, timeout=10) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+
+
+def pod_token(cluster: Cluster, namespace: str, pod: str, audience: str) -> str:
+    """What the projected volume gives the trainer: a pod-bound token with the job's audience."""
+    return cluster.kubectl("-n", namespace, "create", "token", "default", "--audience", audience,
+                           "--bound-object-kind", "Pod", "--bound-object-name", pod).stdout.strip()
+
+
+def test_progress_push_is_authenticated_per_job(cluster: Cluster, namespace: str, operator: Operator) -> None:
+    for name in ("demo", "other"):
+        body = ftj("tiny-cpu", name=name, hold=True)
+        apply(cluster, namespace, body)
+    wait_phase(cluster, namespace, "Running", timeout=30)
+    wait_phase(cluster, namespace, "Running", name="other", timeout=30)
+    pod = items(cluster, namespace, "pods", "finetune.dev/job-name=demo")[0]["metadata"]["name"]
+    other_pod = items(cluster, namespace, "pods", "finetune.dev/job-name=other")[0]["metadata"]["name"]
+    audience = f"finetune.dev/progress/{namespace}/demo"
+    good = pod_token(cluster, namespace, pod, audience)
+    another_jobs = pod_token(cluster, namespace, other_pod, f"finetune.dev/progress/{namespace}/other")
+    wrong_pod = pod_token(cluster, namespace, other_pod, audience)
+
+    assert post(operator, namespace, "demo", None) == 401
+    assert post(operator, namespace, "demo", "not-a-token") == 401
+    assert post(operator, namespace, "demo", another_jobs) == 401
+    assert post(operator, namespace, "demo", wrong_pod) == 403
+    assert post(operator, namespace, "demo", good) == 200
+    assert post(operator, namespace, "demo", good) == 429
+
+    def columns() -> list[str] | None:
+        out = cluster.kubectl("-n", namespace, "get", "ftj", "demo", "--no-headers").stdout.split()
+        return out if "70" in out else None
+
+    row = wait_until(columns, timeout=10, what="progress in kubectl get ftj")
+    assert row[:4] == ["demo", "Running", "70", "1.25"]
+    metrics = operator.metrics()
+    assert 'finetune_progress_pushes_total{result="accepted"} 1.0' in metrics
+    assert 'finetune_progress_pushes_total{result="forbidden"} 1.0' in metrics
