@@ -206,7 +206,7 @@ def _set(
             )
             return
     conditions.append(
-        Condition(type=ctype, status=status, reason=reason, message=message, last_transition_time=now)  # type: ignore[arg-type]
+        Condition(type=ctype, status=status, reason=reason, message=message, last_transition_time=now)
     )
 
 
@@ -231,11 +231,13 @@ def _plan_or_errors(job: FineTuneJob) -> PlanSummary | InvalidSpecError:
         plan = render_all(job).plan
     except InvalidSpecError as exc:
         return exc
-    return PlanSummary(
-        zero_stage=plan.strategy.zero_stage,
-        offload=plan.strategy.offload,
-        estimated_gpu_memory_gi_b=round(plan.estimate.total_gib, 2),
-        reason=plan.reason[:1024],
+    return PlanSummary.model_validate(
+        {
+            "zeroStage": plan.strategy.zero_stage,
+            "offload": plan.strategy.offload,
+            "estimatedGpuMemoryGiB": round(plan.estimate.total_gib, 2),
+            "reason": plan.reason[:1024],
+        }
     )
 
 

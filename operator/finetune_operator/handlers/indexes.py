@@ -16,7 +16,10 @@ from finetune_operator import constants
 from finetune_operator.status import AttemptObserved, Observed, PodObserved
 
 Key = tuple[str, str]
-CHILD_LABELS = {constants.LABEL_JOB_NAME: kopf.PRESENT, constants.LABEL_MANAGED_BY: constants.MANAGED_BY}
+CHILD_LABELS: dict[str, Any] = {
+    constants.LABEL_JOB_NAME: kopf.PRESENT,
+    constants.LABEL_MANAGED_BY: constants.MANAGED_BY,
+}
 
 
 @dataclass(frozen=True)

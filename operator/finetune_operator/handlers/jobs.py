@@ -10,6 +10,7 @@ from typing import Any
 import kopf
 
 from finetune_operator import constants
+from finetune_operator.api.status import TERMINAL_PHASES
 from finetune_operator.handlers.indexes import CHILD_LABELS, key_of
 from finetune_operator.handlers.reconciling import capture_indexes, reconcile_job
 from finetune_operator.handlers.state import OperatorState
@@ -25,19 +26,24 @@ def _state(memo: kopf.Memo) -> OperatorState:
 @kopf.on.create(*FTJ, id="finetunejob_create")
 @kopf.on.update(*FTJ, id="finetunejob_update")
 @kopf.on.resume(*FTJ, id="finetunejob_resume")
-async def finetunejob_changed(namespace: str, name: str, memo: kopf.Memo, **kwargs: Any) -> None:
+async def finetunejob_changed(namespace: str | None, name: str, memo: kopf.Memo, **kwargs: Any) -> None:
     """The job was created or its spec/labels changed (or the operator restarted): reconcile it."""
     state = _state(memo)
     capture_indexes(state, kwargs)
-    await reconcile_job(state, (namespace, name))
+    await reconcile_job(state, (str(namespace), name))
 
 
-@kopf.timer(*FTJ, id="finetunejob_resync", interval=60.0, initial_delay=60.0, idle=None)
-async def finetunejob_resync(namespace: str, name: str, memo: kopf.Memo, **kwargs: Any) -> None:
+def _active(status: kopf.Status, **_: Any) -> bool:
+    """Terminal jobs need no safety net: their only pending action (TTL) is armed on resume."""
+    return status.get("phase") not in TERMINAL_PHASES
+
+
+@kopf.timer(*FTJ, id="finetunejob_resync", interval=60.0, initial_delay=60.0, when=_active)
+async def finetunejob_resync(namespace: str | None, name: str, memo: kopf.Memo, **kwargs: Any) -> None:
     """Safety net every 60 s: catches an event that was missed; the hot path never waits for it."""
     state = _state(memo)
     capture_indexes(state, kwargs)
-    await reconcile_job(state, (namespace, name))
+    await reconcile_job(state, (str(namespace), name))
 
 
 @kopf.on.event("batch", "v1", "jobs", labels=CHILD_LABELS, id="attempt_job_event")

@@ -40,7 +40,7 @@ class Kube:
     async def connect(cls) -> "Kube":
         """In-cluster credentials when running in a pod, else the kubeconfig (tests, laptops)."""
         try:
-            config.load_incluster_config()
+            config.load_incluster_config()  # type: ignore[no-untyped-call]
         except config.ConfigException:
             await config.load_kube_config()
         return cls(api=client.ApiClient())
@@ -48,16 +48,17 @@ class Kube:
     async def close(self) -> None:
         await self.api.close()
 
+    # Typed as Any: the generated clients take plain dicts and `_content_type`, which their stubs deny.
     @property
-    def core(self) -> client.CoreV1Api:
+    def core(self) -> Any:
         return client.CoreV1Api(self.api)
 
     @property
-    def batch(self) -> client.BatchV1Api:
+    def batch(self) -> Any:
         return client.BatchV1Api(self.api)
 
     @property
-    def custom(self) -> client.CustomObjectsApi:
+    def custom(self) -> Any:
         return client.CustomObjectsApi(self.api)
 
     async def get_finetunejob(self, namespace: str, name: str) -> dict[str, Any] | None:
@@ -164,7 +165,8 @@ class Kube:
         """TokenReview for one audience; returns the review status as a plain dict."""
         body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
                 "spec": {"token": token, "audiences": [audience]}}
-        review = await client.AuthenticationV1Api(self.api).create_token_review(body)
+        auth: Any = client.AuthenticationV1Api(self.api)
+        review = await auth.create_token_review(body)
         result: dict[str, Any] = self.api.sanitize_for_serialization(review.status) or {}
         return result
 

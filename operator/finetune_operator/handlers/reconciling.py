@@ -119,9 +119,10 @@ async def _apply(state: OperatorState, job: FineTuneJob, actions: Actions) -> No
 
 async def _write_status(state: OperatorState, body: dict[str, Any], job: FineTuneJob, actions: Actions) -> None:
     """Patch only what changed (and never progress/output), then post one event per transition."""
-    new = {k: v for k, v in actions.status.to_dict().items() if k not in PROGRESS_KEYS}
+    new = {k: v for k, v in actions.status.to_dict(exclude_none=True).items() if k not in PROGRESS_KEYS}
     old = body.get("status") or {}
-    delta = {k: v for k, v in new.items() if old.get(k) != v}
+    delta: dict[str, Any] = {k: v for k, v in new.items() if old.get(k) != v}
+    delta |= {k: None for k, v in old.items() if k not in new and k not in PROGRESS_KEYS and v is not None}
     if delta:
         await state.kube.patch_status(job.namespace, job.name, delta)
     for transition in actions.transitions:
