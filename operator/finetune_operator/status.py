@@ -22,6 +22,7 @@ EXIT_MEANINGS = {
     constants.EXIT_BAD_DATASET: "bad dataset (missing text field, empty split or unreadable file)",
     constants.EXIT_UNKNOWN_MODEL: "model id or path does not exist",
 }
+SIGTERM_EXIT = 143
 _EXIT_CODE_RE = re.compile(r"exit code (\d+)")
 _NODE_LOST_REASONS = frozenset({"NodeLost", "Evicted", "DeletionByTaintManager", "TerminationByKubelet"})
 
@@ -101,6 +102,8 @@ class _Verdict:
 def failure_cause(attempt: AttemptObserved) -> tuple[str, str, int | None]:
     """Why an attempt failed: (reason, message, permanent exit code or None)."""
     failed = [p for p in attempt.pods if p.phase == "Failed" or p.exit_code not in (None, 0)]
+    # The culprit first: pods killed with SIGTERM (143) were mostly stopped because another one failed.
+    failed.sort(key=lambda p: (p.exit_code in (None, SIGTERM_EXIT), p.name))
     for pod in failed:
         if pod.exit_code in constants.EXIT_PERMANENT_CODES:
             return "PermanentError", _exit_message(pod.name, pod.exit_code), pod.exit_code

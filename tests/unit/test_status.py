@@ -140,3 +140,9 @@ def test_plan_is_reported() -> None:
     status = compute_status(ftj(), Observed(), NOW).status
     assert status.plan is not None and status.plan.zero_stage in (0, 1, 2, 3)
     assert status.observed_generation == 3 and status.nodes == 2
+
+
+def test_the_culprit_is_named_not_the_pod_stopped_because_of_it() -> None:
+    pods_ = (PodObserved("demo-1-0", "Failed", exit_code=143), PodObserved("demo-1-1", "Failed", exit_code=1))
+    result = compute_status(ftj(), Observed(attempts={1: attempt(1, failed=True, pods=pods_)}), NOW)
+    assert "demo-1-1" in result.transitions[0].message and "demo-1-0" not in result.transitions[0].message

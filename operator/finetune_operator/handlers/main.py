@@ -5,6 +5,7 @@ Log format is set here, before kopf starts (a startup handler runs too late for 
 
 import argparse
 import logging
+from urllib.parse import urlparse
 
 import kopf
 
@@ -14,7 +15,8 @@ from finetune_operator.handlers.state import OperatorConfig
 
 def build_config(args: argparse.Namespace) -> OperatorConfig:
     """Flags → the config the handlers read from memo."""
-    hosts = tuple(args.progress_host or ()) or ("localhost", "127.0.0.1")
+    url_host = urlparse(args.progress_url).hostname if args.progress_url else None
+    hosts = tuple(dict.fromkeys([*(args.progress_host or ()), *([url_host] if url_host else []), "localhost"]))
     return OperatorConfig(
         image=getattr(args, "image", None) or constants.DEFAULT_TRAINER_IMAGE,
         progress_url=args.progress_url,
