@@ -1,0 +1,30 @@
+"""Values cases rendered by the chart tests (and snapshotted in tests/chart/snapshots/<case>.yaml)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+CASES: dict[str, dict[str, Any]] = {
+    # What `helm install ftjob charts/finetune-operator` gives: cluster-wide, 2 replicas, peering.
+    "default": {},
+    # Namespaced mode: a Role + RoleBinding and a KopfPeering in each watched namespace.
+    "namespaced": {"watchNamespaces": ["team-a", "team-b"]},
+    # Every optional switch flipped: no peering (one replica), a ServiceMonitor, a cert from
+    # cert-manager, no aggregated roles, extra flags, scheduling knobs.
+    "features": {
+        "replicas": 1,
+        "peering": {"enabled": False},
+        "trainer": {"image": "registry.example.com/ml/trainer:1.2.3"},
+        "image": {"tag": "dev", "pullPolicy": "Always"},
+        "imagePullSecrets": [{"name": "regcred"}],
+        "metrics": {"port": 9090, "serviceMonitor": {"enabled": True, "labels": {"release": "prometheus"}}},
+        "progress": {"port": 8443, "tls": {"existingSecret": "ftjob-progress-cert"}},
+        "rbac": {"aggregateToDefaultRoles": False},
+        "verbose": True,
+        "extraArgs": ["--some-future-flag=1"],
+        "nodeSelector": {"node-role.kubernetes.io/control-plane": ""},
+        "tolerations": [{"key": "CriticalAddonsOnly", "operator": "Exists"}],
+        "priorityClassName": "system-cluster-critical",
+        "podAnnotations": {"example.com/team": "ml-platform"},
+    },
+}
