@@ -1,0 +1,115 @@
+"""Speed levers (trainer/finetune_trainer/speed.py): packed attention never crosses documents.
+
+The CPU tests check the exact per-document fallback and the whole-model path against transformers' own dense
+block-diagonal SDPA mask; the `gpu` ones check torch's varlen flash kernel (skipped without CUDA).
+"""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from finetune_trainer import speed  # noqa: E402
+
+CUDA = torch.cuda.is_available()
+
+
+def _dense_reference(q, k, v, cu):
+    """(T, H, D) attention with an explicit block-diagonal causal mask, in float64."""
+    t = q.shape[0]
+    doc = torch.zeros(t, dtype=torch.long)
+    for i, (s, e) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True)):
+        doc[s:e] = i
+    groups = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(groups, dim=1)
+    v = v.repeat_interleave(groups, dim=1)
+    mask = (doc[:, None] == doc[None, :]) & torch.ones(t, t, dtype=torch.bool).tril()
+    scores = torch.einsum("qhd,khd->hqk", q.double(), k.double()) / q.shape[-1] ** 0.5
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v.double())
+
+
+def _random_docs(lengths, heads=4, kv_heads=2, dim=16, device="cpu", dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    t = sum(lengths)
+    q = torch.randn(t, heads, dim, generator=g).to(device, dtype)
+    k = torch.randn(t, kv_heads, dim, generator=g).to(device, dtype)
+    v = torch.randn(t, kv_heads, dim, generator=g).to(device, dtype)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    return q, k, v, cu
+
+
+def test_cu_seqlens_from_position_ids():
+    pos = torch.tensor([[0, 1, 2, 0, 1, 0, 1, 2, 3]])
+    cu, longest = speed.cu_seqlens_from_position_ids(pos)
+    assert cu.tolist() == [0, 3, 5, 9] and longest == 4
+
+
+def test_per_document_fallback_matches_dense_mask():
+    q, k, v, cu = _random_docs([5, 1, 9, 3])
+    out = speed._per_document_sdpa(q, k, v, cu, None)
+    ref = _dense_reference(q, k, v, cu)
+    assert (out.double() - ref).norm() / ref.norm() < 1e-5
+
+
+def _tiny_llama(attn):
+    cfg = transformers.LlamaConfig(
+        vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256,
+    )
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation=attn, dtype=torch.float32).eval()
+
+
+def test_model_with_varlen_matches_dense_packed_mask_and_separate_documents():
+    model = _tiny_llama("sdpa")
+    lengths = [7, 3, 12]
+    ids = torch.randint(0, 97, (1, sum(lengths)), generator=torch.Generator().manual_seed(1))
+    pos = torch.cat([torch.arange(n) for n in lengths]).unsqueeze(0)
+    with torch.no_grad():
+        dense = model(input_ids=ids, position_ids=pos, use_cache=False).logits  # transformers builds the block mask itself
+        assert speed.use_varlen_attention(model)
+        assert model.config._attn_implementation == speed.VARLEN_ATTENTION
+        ours = model(input_ids=ids, position_ids=pos, use_cache=False).logits
+        # each document alone gives the same logits: nothing crosses a document boundary
+        alone = torch.cat(
+            [model(input_ids=chunk).logits for chunk in ids.split(lengths, dim=1)], dim=1
+        )
+    assert (ours - dense).abs().max() < 1e-4
+    assert (ours - alone).abs().max() < 1e-4
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("lengths", [[2048, 2048, 2048, 2048], [100, 1500, 7, 2048, 4537]])
+def test_varlen_kernel_matches_reference_bf16(lengths):
+    if speed._varlen_kernel() is None:
+        pytest.skip("this torch has no torch.nn.attention.varlen")
+    q, k, v, cu = _random_docs(lengths, heads=32, kv_heads=8, dim=128, device="cuda", dtype=torch.bfloat16)
+    q.requires_grad_(True)
+    cu_d = cu.cuda()
+    kernel = speed._varlen_kernel()
+    try:
+        out = speed._call_varlen(kernel, q, k, v, cu_d, int(cu.diff().max()), None)
+    except (RuntimeError, TypeError):
+        speed._state["expand_kv"] = True
+        out = speed._call_varlen(kernel, q, k, v, cu_d, int(cu.diff().max()), None)
+    ref = _dense_reference(q.detach().cpu().float(), k.cpu().float(), v.cpu().float(), cu)
+    err = (out.detach().cpu().double() - ref).norm() / ref.norm()
+    assert err < 1e-2, err
+    out.float().sum().backward()
+    assert q.grad is not None and torch.isfinite(q.grad).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+def test_model_varlen_on_gpu_matches_per_document():
+    model = _tiny_llama("sdpa").cuda().to(torch.bfloat16)
+    lengths = [300, 5, 700]
+    ids = torch.randint(0, 97, (1, sum(lengths)), device="cuda")
+    pos = torch.cat([torch.arange(n) for n in lengths]).unsqueeze(0).cuda()
+    speed.use_varlen_attention(model)
+    with torch.no_grad():
+        ours = model(input_ids=ids, position_ids=pos, use_cache=False).logits.float()
+        alone = torch.cat([model(input_ids=c).logits.float() for c in ids.split(lengths, dim=1)], dim=1)
+    assert ((ours - alone).norm() / alone.norm()) < 2e-2

@@ -1,0 +1,261 @@
+"""Performance levers for the trainer, each one optional and measured in `bench/` (bench/README.md).
+
+* `varlen` attention: packed (padding-free) batches are attended per document with PyTorch's variable-length
+  flash kernel (`torch.nn.attention.varlen.varlen_attn`, torch >= 2.9) instead of transformers' SDPA path, which
+  turns packed `position_ids` into a dense (tokens x tokens) block-diagonal mask: SDPA then can use neither its
+  flash kernel nor skip the masked blocks (8x the useful attention work at 4 x 2048 tokens per row). Documents never
+  attend to each other in either path; where the varlen kernel is missing (CPU, older torch) each document runs
+  through causal SDPA on its own, which is exact too.
+* `liger`: Liger's Triton kernels for RoPE, RMSNorm and SwiGLU, applied to the model instance (TRL's
+  `use_liger_kernel` flag is deprecated). The loss keeps TRL's own chunked LM head.
+* `compile`: `torch.compile` of each decoder layer.
+* `fused_adamw`: torch's fused AdamW (only where the Trainer owns the optimizer step: no DeepSpeed).
+
+Nothing here changes what is trained: same parameters, same data, same loss (up to kernel rounding).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+VARLEN_ATTENTION = "ftjob_varlen_sdpa"
+LEVERS = ("varlen", "liger", "compile", "fused_adamw")
+
+_state: dict[str, Any] = {"registered": False, "expand_kv": False, "kernel": None, "warned": set()}
+
+
+def parse_levers(value: str | Iterable[str] | None) -> set[str]:
+    """'varlen,liger' (or a list) -> {'varlen', 'liger'}; unknown names are an error, 'none' means none."""
+    if value is None:
+        return set()
+    items = value.split(",") if isinstance(value, str) else list(value)
+    levers = {x.strip() for x in items if x.strip() and x.strip() != "none"}
+    unknown = levers - set(LEVERS)
+    if unknown:
+        raise ValueError(f"unknown speed levers {sorted(unknown)}; known: {', '.join(LEVERS)}")
+    return levers
+
+
+# ------------------------------------------------------------------------------------------------------------
+# variable-length attention
+# ------------------------------------------------------------------------------------------------------------
+def _varlen_kernel() -> Any:
+    """torch.nn.attention.varlen.varlen_attn, or None when this torch has none."""
+    if _state["kernel"] is None:
+        try:
+            from torch.nn.attention.varlen import varlen_attn
+
+            _state["kernel"] = varlen_attn
+        except ImportError:
+            _state["kernel"] = False
+    return _state["kernel"] or None
+
+
+def _once(key: str, msg: str, *args: Any) -> None:
+    if key not in _state["warned"]:
+        _state["warned"].add(key)
+        log.info(msg, *args)
+
+
+def cu_seqlens_from_position_ids(position_ids: Any) -> tuple[Any, int]:
+    """Document boundaries of one packed row: every position 0 starts a document."""
+    import torch
+
+    pos = position_ids.reshape(-1)
+    starts = torch.nonzero(pos == 0, as_tuple=False).reshape(-1)
+    if starts.numel() == 0 or int(starts[0]) != 0:
+        starts = torch.cat([torch.zeros(1, dtype=starts.dtype, device=starts.device), starts])
+    total = torch.tensor([pos.numel()], dtype=starts.dtype, device=starts.device)
+    cu = torch.cat([starts, total]).to(torch.int32)
+    return cu, int(cu.diff().max())
+
+
+def _per_document_sdpa(q: Any, k: Any, v: Any, cu: Any, scaling: float | None) -> Any:
+    """Exact fallback: causal SDPA on each document. q [T, H, D], k/v [T, Hkv, D] -> [T, H, D]."""
+    import torch
+    import torch.nn.functional as F
+
+    groups = q.shape[1] // k.shape[1]
+    bounds = cu.tolist()
+    outs = []
+    for s, e in zip(bounds[:-1], bounds[1:], strict=True):
+        if e <= s:
+            continue
+        qi = q[s:e].transpose(0, 1).unsqueeze(0)
+        ki = k[s:e].transpose(0, 1).unsqueeze(0)
+        vi = v[s:e].transpose(0, 1).unsqueeze(0)
+        if groups > 1:
+            ki = ki.repeat_interleave(groups, dim=1)
+            vi = vi.repeat_interleave(groups, dim=1)
+        o = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=scaling)
+        outs.append(o.squeeze(0).transpose(0, 1))
+    return torch.cat(outs, dim=0)
+
+
+def _call_varlen(kernel: Any, q: Any, k: Any, v: Any, cu: Any, max_len: int, scaling: float | None) -> Any:
+    """varlen_attn across torch versions: 2.9/2.10 take `is_causal`, later ones `window_size=(-1, 0)`."""
+    params = _state.get("params")
+    if params is None:
+        params = _state["params"] = inspect.signature(kernel).parameters
+    kwargs: dict[str, Any] = {}
+    if "is_causal" in params:
+        kwargs["is_causal"] = True
+    else:
+        kwargs["window_size"] = (-1, 0)
+    if scaling is not None:
+        if "scale" in params:
+            kwargs["scale"] = scaling
+        elif abs(scaling - q.shape[-1] ** -0.5) > 1e-6:
+            raise TypeError("this varlen_attn has no `scale` argument")
+    if _state["expand_kv"] and k.shape[1] != q.shape[1]:
+        groups = q.shape[1] // k.shape[1]
+        k = k.repeat_interleave(groups, dim=1)
+        v = v.repeat_interleave(groups, dim=1)
+    return kernel(q, k, v, cu, cu, max_len, max_len, **kwargs)
+
+
+def varlen_attention_forward(
+    module: Any,
+    query: Any,
+    key: Any,
+    value: Any,
+    attention_mask: Any,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[Any, None]:
+    """transformers attention interface: (B, H, S, D) in, (B, S, H, D) out.
+
+    Packed rows (TRL's padding-free collator gives `cu_seq_lens_q`, or `position_ids` restart at 0) go through the
+    varlen kernel; anything else (no packing, a padding mask, a KV cache) is handed to transformers' SDPA.
+    """
+    import torch
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    cu = kwargs.get("cu_seq_lens_q")
+    max_len = kwargs.get("max_length_q")
+    position_ids = kwargs.get("position_ids")
+    b, h, s, d = query.shape
+    packed = attention_mask is None and key.shape[2] == s and b == 1 and s > 1
+    if packed and cu is None and position_ids is not None:
+        cu, max_len = cu_seqlens_from_position_ids(position_ids)
+    if not packed or cu is None or cu.numel() <= 2:  # not packed, or one document: plain causal SDPA is exact
+        if attention_mask is not None and attention_mask.dim() == 2:
+            # 2-D padding mask (unregistered implementations get it raw): causal AND not padding
+            keep = attention_mask.bool()[:, None, None, :]
+            causal = torch.ones(s, key.shape[2], dtype=torch.bool, device=query.device).tril(key.shape[2] - s)
+            attention_mask = keep & causal[None, None]
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+    if dropout:
+        _once("dropout", "varlen attention: attention dropout %s ignored (0.0 in Llama training)", dropout)
+    cu = cu.to(device=query.device, dtype=torch.int32)
+    max_len = int(max_len) if max_len is not None else int(cu.diff().max())
+    q = query[0].transpose(0, 1)  # (S, H, D)
+    k = key[0].transpose(0, 1)
+    v = value[0].transpose(0, 1)
+    kernel = _varlen_kernel() if query.is_cuda else None
+    out = None
+    if kernel is not None:
+        try:
+            out = _call_varlen(kernel, q, k, v, cu, max_len, scaling)
+            _once("varlen", "attention: torch varlen flash kernel on packed documents")
+        except (RuntimeError, TypeError) as e:
+            if not _state["expand_kv"] and k.shape[1] != q.shape[1]:
+                _state["expand_kv"] = True
+                _once("gqa", "varlen attention: GQA not accepted (%s); expanding K/V heads", str(e)[:200])
+                out = _call_varlen(kernel, q, k, v, cu, max_len, scaling)
+            else:
+                _once("varlen-failed", "varlen attention unavailable (%s); per-document SDPA", str(e)[:200])
+                _state["kernel"] = False
+    if out is None:
+        _once("per-doc", "attention: per-document causal SDPA on packed documents")
+        out = _per_document_sdpa(q, k, v, cu, scaling)
+    return out.reshape(1, s, h, d), None
+
+
+def register_varlen_attention() -> str:
+    """Register the implementation with transformers (idempotent) and return its name."""
+    if not _state["registered"]:
+        from transformers import AttentionInterface
+
+        AttentionInterface.register(VARLEN_ATTENTION, varlen_attention_forward)
+        _state["registered"] = True
+    return VARLEN_ATTENTION
+
+
+def use_varlen_attention(model: Any) -> bool:
+    """Switch an sdpa model to the varlen implementation; no mask is built for it (it is not a mask interface
+    key), so packed batches cost no (tokens x tokens) mask either."""
+    name = register_varlen_attention()
+    current = getattr(model.config, "_attn_implementation", None)
+    if current not in (None, "sdpa", name):
+        log.info("varlen attention not applied: the model uses %s", current)
+        return False
+    try:
+        model.set_attn_implementation(name)
+    except Exception:  # noqa: BLE001 - older transformers: set the config directly
+        model.config._attn_implementation = name
+    return True
+
+
+# ------------------------------------------------------------------------------------------------------------
+# liger, compile, optimizer
+# ------------------------------------------------------------------------------------------------------------
+def apply_liger(model: Any) -> bool:
+    """Liger RoPE/RMSNorm/SwiGLU on this model instance; False (logged) when liger-kernel is missing."""
+    if importlib.util.find_spec("liger_kernel") is None:
+        log.warning("speed: liger-kernel is not installed; skipping liger kernels")
+        return False
+    from liger_kernel.transformers import _apply_liger_kernel_to_instance
+
+    _apply_liger_kernel_to_instance(
+        model=model, rope=True, rms_norm=True, swiglu=True, cross_entropy=False, fused_linear_cross_entropy=False
+    )
+    return True
+
+
+def compile_layers(model: Any) -> int:
+    """torch.compile every decoder layer (the embedding and TRL's LM head stay eager); returns how many."""
+    layers = None
+    for path in ("model.layers", "model.model.layers", "base_model.model.model.layers"):
+        obj = model
+        try:
+            for part in path.split("."):
+                obj = getattr(obj, part)
+        except AttributeError:
+            continue
+        layers = obj
+        break
+    if layers is None:
+        log.warning("speed: no decoder layers found to compile")
+        return 0
+    for layer in layers:
+        layer.compile()
+    return len(layers)
+
+
+def apply_to_model(model: Any, levers: set[str], *, cuda: bool, packing: bool, quantized: bool = False) -> list[str]:
+    """Apply the model-side levers that make sense here; returns those applied (for the log and the bench)."""
+    applied: list[str] = []
+    if "varlen" in levers and packing and use_varlen_attention(model):
+        applied.append("varlen")
+    if "liger" in levers and cuda and apply_liger(model):
+        applied.append("liger")
+    if "compile" in levers and cuda and not quantized and compile_layers(model):
+        applied.append("compile")
+    if applied:
+        log.info("speed levers applied: %s", ", ".join(applied))
+    return applied
+
+
+def optimizer_name(levers: set[str], *, cuda: bool, deepspeed: bool) -> str | None:
+    """`optim` for SFTConfig: fused AdamW when asked for and the Trainer (not DeepSpeed) steps it."""
+    if "fused_adamw" in levers and cuda and not deepspeed:
+        return "adamw_torch_fused"
+    return None
