@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 import yaml
+
 from tests.controlplane.conftest import HACK, REPO, Cluster, cluster, kubectl, namespace, wait_until
 
 __all__ = ["CHART", "REPO", "Cluster", "Helm", "cluster", "kubectl", "namespace", "wait_until"]

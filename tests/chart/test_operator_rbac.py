@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import yaml
+
 from tests.controlplane.operator.conftest import apply, free_port, ftj, items, wait_phase
 
 from .conftest import Cluster, wait_until
