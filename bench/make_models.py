@@ -1,0 +1,135 @@
+"""Local model directories and datasets for the benchmarks: nothing is downloaded.
+
+model: a Llama-architecture model of a given shape with random weights (bf16, saved with save_pretrained, so the
+       trainer loads it through its ordinary from_pretrained path, QLoRA quantization included), and a word-level
+       tokenizer whose token i is the word `w<i>` (0 <pad>, 1 <eos>, 2 <unk>, 3 <bos>).
+data:  train.jsonl rows {"content": "w17 w90211 ..."} of exactly --row-len tokens under that tokenizer, drawn like
+       the seed benchmark's rows (torch.randint(4, vocab) with generator seed 1234), so the seed recipe and our
+       trainer see the same token ids.
+
+usage: make_models.py model --out DIR [--layers ... shape] [--device cuda:0] [--no-weights]
+       make_models.py data --out DIR --rows N --row-len 2048 --vocab 128256
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+SHAPES = {
+    # name: layers, hidden, intermediate, heads, kv_heads, vocab
+    "llama3-8b": (32, 4096, 14336, 32, 8, 128256),
+    "llama2-70b": (80, 8192, 28672, 64, 8, 32000),
+    "small": (4, 512, 1536, 8, 4, 1024),
+}
+
+
+def build_tokenizer(vocab: int):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["<pad>", "<eos>", "<unk>", "<bos>"] + [f"w{i}" for i in range(4, vocab)]
+    core = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=core, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>", bos_token="<bos>"
+    )
+
+
+def llama_config(layers: int, hidden: int, inter: int, heads: int, kv: int, vocab: int):
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=inter,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        hidden_act="silu",
+        max_position_embeddings=8192,
+        rms_norm_eps=1e-5,
+        rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
+        attention_bias=False,
+        mlp_bias=False,
+        tie_word_embeddings=False,
+        pad_token_id=0,
+        bos_token_id=3,
+        eos_token_id=1,
+    )
+
+
+def make_model(a: argparse.Namespace) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    out = Path(a.out)
+    if (out / ".complete").exists():
+        print(f"{out}: exists")
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    layers, hidden, inter, heads, kv, vocab = SHAPES[a.shape] if a.shape else (
+        a.layers, a.hidden, a.intermediate, a.heads, a.kv_heads, a.vocab)
+    if a.layers_override:
+        layers = a.layers_override
+    t0 = time.time()
+    build_tokenizer(vocab).save_pretrained(out)
+    cfg = llama_config(layers, hidden, inter, heads, kv, vocab)
+    torch.manual_seed(0)
+    with torch.device(a.device):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16, attn_implementation="sdpa")
+    n = sum(p.numel() for p in model.parameters())
+    t1 = time.time()
+    model.save_pretrained(out, max_shard_size="8GB")
+    t2 = time.time()
+    (out / "bench_shape.json").write_text(json.dumps(
+        dict(layers=layers, hidden=hidden, intermediate=inter, heads=heads, kv_heads=kv, vocab=vocab,
+             num_parameters=n)))
+    (out / ".complete").write_text("ok\n")
+    print(f"{out}: {n / 1e9:.3f}B params, built {t1 - t0:.1f}s, saved {t2 - t1:.1f}s", flush=True)
+
+
+def make_data(a: argparse.Namespace) -> None:
+    import torch
+
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    gen = torch.Generator().manual_seed(a.seed)
+    ids = torch.randint(4, a.vocab, (a.rows, a.row_len), generator=gen, dtype=torch.int64)
+    tmp = out / ".train.jsonl.tmp"
+    with open(tmp, "w") as f:
+        for row in ids.tolist():
+            f.write(json.dumps({"content": " ".join(f"w{i}" for i in row)}) + "\n")
+    os.replace(tmp, out / "train.jsonl")
+    print(f"{out}: {a.rows} rows x {a.row_len} tokens", flush=True)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    sub = p.add_subparsers(dest="cmd", required=True)
+    m = sub.add_parser("model")
+    m.add_argument("--out", required=True)
+    m.add_argument("--shape", choices=sorted(SHAPES), default=None)
+    m.add_argument("--layers-override", type=int, default=None)
+    m.add_argument("--layers", type=int, default=32)
+    m.add_argument("--hidden", type=int, default=4096)
+    m.add_argument("--intermediate", type=int, default=14336)
+    m.add_argument("--heads", type=int, default=32)
+    m.add_argument("--kv-heads", type=int, default=8)
+    m.add_argument("--vocab", type=int, default=128256)
+    m.add_argument("--device", default="cuda:0")
+    d = sub.add_parser("data")
+    d.add_argument("--out", required=True)
+    d.add_argument("--rows", type=int, default=128)
+    d.add_argument("--row-len", type=int, default=2048)
+    d.add_argument("--vocab", type=int, default=128256)
+    d.add_argument("--seed", type=int, default=1234)
+    a = p.parse_args()
+    make_model(a) if a.cmd == "model" else make_data(a)
+
+
+if __name__ == "__main__":
+    main()

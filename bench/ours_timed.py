@@ -1,0 +1,230 @@
+"""Our trainer (`python -m finetune_trainer --config trainer.json`), instrumented like the seed benchmark.
+
+Run in place of `-m finetune_trainer` in the rendered node command. It changes nothing the trainer does; it
+ * subclasses TRL's SFTTrainer (which `finetune_trainer.__main__` imports at call time) to add the seed
+   benchmark's step timer (torch.cuda.synchronize + wall time at every step begin/end) and token counter, and
+ * records peak GPU memory: `torch.cuda.max_memory_allocated` before training (model load, DeepSpeed init) and
+   during training (reset at on_train_begin), max reserved, and the device's used memory at the end.
+ * FTJOB_SPEED=varlen,liger,... applies speed levers through finetune_trainer.speed when the trainer itself does
+   not (for measuring levers one at a time); FTJOB_BENCH_NOTE is copied into the result.
+Rank 0 appends one JSON line to $FTJOB_BENCH_RESULTS in the seed script's result schema (plus our fields).
+"""
+
+import time
+
+T_START = time.time()
+
+import json  # noqa: E402
+import os  # noqa: E402
+import statistics  # noqa: E402
+import sys  # noqa: E402
+
+
+def main() -> int:
+    import torch
+    import torch.distributed as dist
+    import trl
+    from transformers import TrainerCallback
+
+    import finetune_trainer.__main__ as entry
+    import finetune_trainer.arguments as fa
+    import finetune_trainer.model as fm
+    from finetune_trainer import speed
+
+    t_imports = time.time()
+    name = os.environ.get("FTJOB_BENCH_NAME", "ours")
+    results = os.environ.get("FTJOB_BENCH_RESULTS", "results.jsonl")
+    measure = int(os.environ.get("FTJOB_BENCH_MEASURE", "8"))
+    levers = speed.parse_levers(os.environ.get("FTJOB_SPEED"))
+    cuda = torch.cuda.is_available()
+    info: dict = {"levers_requested": sorted(levers), "levers_applied": []}
+
+    if levers:
+        original_load = fm.load_model
+
+        def load_model(cfg, path, tokenizer, *, cuda, zero3):  # noqa: ANN001, ANN202
+            model = original_load(cfg, path, tokenizer, cuda=cuda, zero3=zero3)
+            info["levers_applied"] = speed.apply_to_model(
+                model, levers, cuda=cuda, packing=cfg.data.packing, quantized=cfg.model.quantization is not None
+            )
+            return model
+
+        fm.load_model = load_model
+        original_args = fa.build_sft_config
+
+        def build_sft_config(cfg):  # noqa: ANN001, ANN202
+            args = original_args(cfg)
+            use_ds = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
+            optim = speed.optimizer_name(levers, cuda=cuda, deepspeed=use_ds)
+            if optim:
+                from transformers.training_args import OptimizerNames
+
+                args.optim = OptimizerNames(optim)
+                info["levers_applied"] = sorted({*info["levers_applied"], "fused_adamw"})
+            return args
+
+        fa.build_sft_config = build_sft_config
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize()
+
+    class StepTimer(TrainerCallback):
+        def __init__(self) -> None:
+            self.begin: list[float] = []
+            self.end: list[float] = []
+            self.train_begin = None
+            self.peak_before_train = 0.0
+            self.written = False
+
+        def on_train_begin(self, args, state, control, **kw):  # noqa: ANN001, ANN003, ANN201
+            sync()
+            self.train_begin = time.time()
+            if cuda:
+                self.peak_before_train = torch.cuda.max_memory_allocated() / 2**30
+                info["mem_at_train_begin_gib"] = torch.cuda.memory_allocated() / 2**30
+                torch.cuda.reset_peak_memory_stats()
+
+        def on_step_begin(self, args, state, control, **kw):  # noqa: ANN001, ANN003, ANN201
+            sync()
+            self.begin.append(time.time())
+
+        def on_step_end(self, args, state, control, **kw):  # noqa: ANN001, ANN003, ANN201
+            sync()
+            self.end.append(time.time())
+
+        def on_train_end(self, args, state, control, model=None, **kw):  # noqa: ANN001, ANN003, ANN201
+            if not self.written:
+                self.written = True
+                write_result(self, state, model)
+
+    timer = StepTimer()
+    tokens: list[int] = []
+    shapes: list[dict] = []
+
+    class TimedSFTTrainer(trl.SFTTrainer):
+        def __init__(self, *a, callbacks=None, **kw):  # noqa: ANN001, ANN002, ANN003
+            super().__init__(*a, callbacks=[*(callbacks or []), timer], **kw)
+            info["trainer"] = self
+
+        def training_step(self, model, inputs, *a, **kw):  # noqa: ANN001, ANN002, ANN003, ANN201
+            ids = inputs.get("input_ids")
+            if ids is not None:
+                tokens.append(int(ids.numel()))
+                if len(shapes) < 2:
+                    pos = inputs.get("position_ids")
+                    shapes.append(
+                        {k: list(v.shape) for k, v in inputs.items() if hasattr(v, "shape")}
+                        | {"n_docs": int((pos == 0).sum()) if pos is not None else None}
+                    )
+            return super().training_step(model, inputs, *a, **kw)
+
+    trl.SFTTrainer = TimedSFTTrainer
+
+    def write_result(timer: StepTimer, state, model) -> None:  # noqa: ANN001
+        sync()
+        rank = int(os.environ.get("RANK", "0"))
+        trainer = info.get("trainer")
+        ga = trainer.args.gradient_accumulation_steps if trainer is not None else 1
+        per_step = [sum(tokens[i : i + ga]) for i in range(0, len(tokens) - ga + 1, ga)]
+        used = None
+        if cuda:
+            free, total = torch.cuda.mem_get_info()
+            used = (total - free) / 2**30
+        res = dict(
+            rank=rank,
+            step_begin=[t - T_START for t in timer.begin],
+            step_end=[t - T_START for t in timer.end],
+            tokens_per_step=per_step,
+            batch_shapes=shapes,
+            max_mem_alloc_gib=torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0,
+            max_mem_reserved_gib=torch.cuda.max_memory_reserved() / 2**30 if cuda else 0.0,
+            max_mem_alloc_before_train_gib=timer.peak_before_train,
+            device_used_at_end_gib=used,
+            reserved_at_end_gib=torch.cuda.memory_reserved() / 2**30 if cuda else 0.0,
+            t_imports=t_imports - T_START,
+            t_start_to_train_begin=(timer.train_begin - T_START) if timer.train_begin else None,
+            t_first_step=(timer.end[0] - timer.begin[0]) if timer.end else None,
+            t_start_to_first_step_end=(timer.end[0] - T_START) if timer.end else None,
+            mem_at_train_begin_gib=info.get("mem_at_train_begin_gib"),
+        )
+        gathered = [res]
+        if dist.is_available() and dist.is_initialized():
+            gathered = [None] * dist.get_world_size()
+            dist.all_gather_object(gathered, res)
+        if rank != 0:
+            return
+
+        def steady(r: dict) -> list[float]:
+            ends = r["step_end"]
+            iv = [ends[i] - ends[i - 1] for i in range(1, len(ends))]
+            return iv[-measure:] if len(iv) >= measure else iv
+
+        ok = all(len(steady(r)) > 0 for r in gathered)
+        step_s = max(statistics.mean(steady(r)) for r in gathered) if ok else None
+        tok_step = (
+            statistics.mean(statistics.mean(r["tokens_per_step"][-measure:]) for r in gathered if r["tokens_per_step"])
+            if ok
+            else None
+        )
+        cfg = (model.config if model is not None else None) or trainer.model.config
+        base = getattr(model, "get_base_model", lambda: model)()
+        n_trainable = sum(int(getattr(p, "ds_numel", 0) or p.numel()) for p in model.parameters() if p.requires_grad)
+        n_base = sum(int(getattr(p, "ds_numel", 0) or p.numel()) for p in base.parameters())
+        use_ds = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
+        stage = int(os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE", "0")) if use_ds else 0
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        losses = [h.get("loss") for h in state.log_history if "loss" in h]
+        args = trainer.args
+        summary = dict(
+            name=name,
+            ok=ok,
+            impl="ours",
+            note=os.environ.get("FTJOB_BENCH_NOTE", ""),
+            backend=f"deepspeed-zero{stage}" if use_ds else ("ddp" if world > 1 else "single"),
+            zero_stage=stage,
+            liger="liger" in info["levers_applied"],
+            levers_requested=info["levers_requested"],
+            levers_applied=info["levers_applied"],
+            attn_implementation=getattr(cfg, "_attn_implementation", None),
+            packing_strategy=args.packing_strategy if args.packing else None,
+            padding_free=bool(getattr(trainer, "padding_free", False)),
+            world=world,
+            bsz=args.per_device_train_batch_size,
+            grad_accum=ga,
+            seq=args.max_length,
+            doc_len=args.max_length,
+            steps=state.global_step,
+            measure=measure,
+            layers=cfg.num_hidden_layers,
+            hidden=cfg.hidden_size,
+            intermediate=cfg.intermediate_size,
+            heads=cfg.num_attention_heads,
+            kv_heads=cfg.num_key_value_heads,
+            vocab=cfg.vocab_size,
+            n_base_params=n_base,
+            n_trainable=n_trainable,
+            step_s=step_s,
+            step_s_min=min(min(steady(r)) for r in gathered) if ok else None,
+            step_s_max=max(max(steady(r)) for r in gathered) if ok else None,
+            tokens_per_step_per_gpu=tok_step,
+            tokens_per_s_per_gpu=(tok_step / step_s) if ok else None,
+            losses=losses,
+            gradient_checkpointing=bool(args.gradient_checkpointing),
+            gc_kwargs_effective=dict(args.gradient_checkpointing_kwargs or {}),
+            optim=str(args.optim),
+            lora_param_dtype=str(next((p.dtype for p in model.parameters() if p.requires_grad), None)),
+            quantized=bool(getattr(cfg, "quantization_config", None)),
+            loss_finite=all(x is not None and x == x and abs(x) != float("inf") for x in losses),
+            ranks=gathered,
+        )
+        line = json.dumps(summary, default=str)
+        print("RESULT_JSON " + line, flush=True)
+        with open(results, "a") as f:
+            f.write(line + "\n")
+
+    return entry.main(sys.argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

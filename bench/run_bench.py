@@ -1,0 +1,263 @@
+"""Throughput and memory benchmark: the seed recipe and our trainer, side by side, interleaved, in one GPU call.
+
+    python3 bench/run_bench.py --plan perf --out $OUT --budget 560
+
+Each job is one of
+  seed   bench/seed/seed_baseline.py under `accelerate launch --config_file bench/seed/configs/<cfg>.yaml`, exactly as
+         shared/bench/run_seed_baseline.sh runs it;
+  ours   a FineTuneJob rendered by finetune_operator.render.render_all (zeroStage auto unless set), its node commands
+         run as local "nodes", the trainer entry replaced by bench/ours_timed.py (same trainer, plus the timer);
+  par    several single-GPU jobs at once on disjoint GPUs (lever comparisons);
+  cmd    any command (versions, matmul ceiling, GPU tests).
+Results: $OUT/results.jsonl (one line per run: the seed schema, plus our plan estimate for `ours`), $OUT/log.txt.
+Jobs run in order while the time budget lasts; one that cannot fit its minimum time is recorded as skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path[:0] = [str(Path(__file__).resolve().parent.parent / p) for p in ("operator", "trainer")]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import harness as H  # noqa: E402
+
+MODELS = Path(os.environ.get("BENCH_MODELS", "/tmp/bench/models"))
+DATA = Path(os.environ.get("BENCH_DATA", "/tmp/bench/data"))
+WORK = Path(os.environ.get("BENCH_WORK", "/tmp/bench/work"))
+
+SHAPE_8B = {"numParameters": 8030261248, "hiddenSize": 4096, "numLayers": 32, "intermediateSize": 14336,
+            "vocabSize": 128256, "numAttentionHeads": 32, "numKeyValueHeads": 8}
+
+
+def ours_spec(name: str, *, gpus: int = 2, nodes: int = 1, gc: bool = False, zero: Any = "auto", steps: int = 12,
+              model: str = "llama3-8b", shape: dict | None = None, extra: dict | None = None) -> dict[str, Any]:
+    """The seed benchmark's setting as a FineTuneJob: LoRA r=8 all-linear, seq 2048, 4 x 2048 tokens per GPU per
+    step, no accumulation, lr 1e-4 cosine, seed 42, bf16."""
+    spec = {
+        "apiVersion": "finetune.dev/v1alpha1",
+        "kind": "FineTuneJob",
+        "metadata": {"name": name},
+        "spec": {
+            "model": {"name": str(MODELS / model), "attnImplementation": "sdpa", "shape": shape or SHAPE_8B},
+            "dataset": {"name": str(DATA / "rand2048"), "splits": ["train"], "textField": "content",
+                        "maxSeqLen": 2048, "packing": True},
+            "adapter": {"type": "lora", "r": 8, "alpha": 16, "dropout": 0.1, "targetModules": "all-linear"},
+            "training": {"maxSteps": steps, "learningRate": 1e-4, "lrSchedulerType": "cosine", "weightDecay": 1e-4,
+                         "maxGradNorm": 1.0, "perDeviceTrainBatchSize": 4, "gradientAccumulationSteps": 1,
+                         "gradientCheckpointing": gc, "useReentrant": False, "mixedPrecision": "bf16", "seed": 42,
+                         "loggingSteps": 1, "evalStrategy": "no", "saveStrategy": "no"},
+            "distributed": {"nodes": nodes, "gpusPerNode": gpus, "gpuMemoryGiB": 140,
+                            "deepspeed": {"zeroStage": zero},
+                            "rendezvous": {"backend": "c10d", "port": H.next_port(), "maxRestarts": 0}},
+            "output": {"checkpoints": {"emptyDir": {}}},
+        },
+    }
+    return H.deep_merge(spec, extra or {})
+
+
+def seed_job(name: str, cfg: str, args: list[str] | None = None, minimum: int = 100, limit: int = 200) -> dict:
+    return {"type": "seed", "name": name, "config": cfg, "args": args or [], "min": minimum, "max": limit}
+
+
+def ours_job(name: str, levers: str = "", minimum: int = 70, limit: int = 200, note: str = "", gpu_offset: int = 0,
+             **spec_kw: Any) -> dict:
+    return {"type": "ours", "name": name, "spec": ours_spec(name, **spec_kw), "levers": levers, "min": minimum,
+            "max": limit, "note": note, "gpu_offset": gpu_offset}
+
+
+def plan_perf() -> list[dict]:
+    best = "varlen,liger,fused_adamw"
+    return [
+        {"type": "cmd", "name": "gpu_tests", "argv": [H.PY, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                                                       "tests/gpu", "-m", "gpu", "-x"], "min": 30, "max": 120,
+         "env": {"CUDA_VISIBLE_DEVICES": "0"}},
+        seed_job("A_zero3", "zero3"),
+        ours_job("ours_best", best, note="DDP (planner: auto), no checkpointing, " + best),
+        {"type": "par", "name": "pair_attention", "min": 80, "max": 200, "jobs": [
+            ours_job("ours1g_dense", "", gpus=1, note="1 GPU, no checkpointing, TRL bfd + sdpa dense packed mask"),
+            ours_job("ours1g_varlen", "varlen", gpus=1, gpu_offset=1, note="1 GPU, no checkpointing, varlen"),
+        ]},
+        {"type": "par", "name": "pair_kernels", "min": 80, "max": 240, "jobs": [
+            ours_job("ours1g_varlen_liger", "varlen,liger", gpus=1, note="1 GPU, varlen + liger"),
+            ours_job("ours1g_varlen_compile", "varlen,compile", gpus=1, gpu_offset=1,
+                     note="1 GPU, varlen + torch.compile per decoder layer"),
+        ]},
+        seed_job("A_zero3_rep2", "zero3"),
+        ours_job("ours_best_rep2", best, note="DDP (planner: auto), no checkpointing, " + best),
+        {"type": "par", "name": "pair_gc", "min": 80, "max": 200, "jobs": [
+            ours_job("ours1g_varlen_liger_gc", "varlen,liger", gpus=1, gc=True,
+                     note="1 GPU, varlen + liger, checkpointing on (non-reentrant)"),
+            ours_job("ours1g_varlen_liger_fused", "varlen,liger,fused_adamw", gpus=1, gpu_offset=1,
+                     note="1 GPU, varlen + liger + fused AdamW"),
+        ]},
+    ]
+
+
+def plan_memory() -> list[dict]:
+    """Peak memory of our trainer under each strategy (8B shape, 4 steps), for the planner comparison."""
+    lv = "varlen,liger"
+    q = {"spec": {"model": {"quantization": {"quantType": "nf4", "doubleQuant": True, "computeDtype": "bfloat16",
+                                             "storageDtype": "bfloat16"}}}}
+    return [
+        ours_job("mem_zero3_gc", lv, zero=3, gc=True, steps=6, note="ZeRO-3, checkpointing (the recipe's strategy)"),
+        ours_job("mem_zero2_gc", lv, zero=2, gc=True, steps=6, note="ZeRO-2, checkpointing"),
+        ours_job("mem_ddp_gc", lv, zero=0, gc=True, steps=6, note="DDP, checkpointing"),
+        ours_job("mem_zero3_offload_gc", lv, zero=3, gc=True, steps=4, extra={"spec": {"distributed": {
+            "deepspeed": {"offloadOptimizer": "cpu"}}}}, note="ZeRO-3 + optimizer offload to CPU, checkpointing"),
+        ours_job("mem_qlora_zero3_gc", lv, zero=3, gc=True, steps=4, extra=q, minimum=120, limit=260,
+                 note="QLoRA nf4 (bf16 storage) + ZeRO-3, checkpointing"),
+    ]
+
+
+def plan_cpu_smoke() -> list[dict]:
+    tiny = {"numParameters": 206000, "hiddenSize": 64, "numLayers": 2, "intermediateSize": 128, "vocabSize": 400,
+            "numAttentionHeads": 4, "numKeyValueHeads": 4}
+    extra = {"spec": {"model": {"name": "builtin:tiny-llama"},
+                      "dataset": {"name": "builtin:tiny-chat", "maxSeqLen": 128},
+                      "training": {"mixedPrecision": "no", "perDeviceTrainBatchSize": 2},
+                      "distributed": {"processesPerNode": 1}}}
+    return [ours_job("cpu_ours", "varlen,fused_adamw", gpus=0, nodes=2, zero=3, steps=4, shape=tiny, extra=extra,
+                     minimum=10, limit=300)]
+
+
+PLANS = {"perf": plan_perf, "memory": plan_memory, "cpu-smoke": plan_cpu_smoke}
+
+
+class Runner:
+    def __init__(self, out: Path, budget: float) -> None:
+        self.out = out
+        self.results = out / "results.jsonl"
+        self.logf = out / "log.txt"
+        self.t0 = time.time()
+        self.budget = budget
+
+    def log(self, msg: str) -> None:
+        line = f"[{time.strftime('%H:%M:%S')} +{time.time() - self.t0:5.0f}s] {msg}"
+        print(line, flush=True)
+        with open(self.logf, "a") as f:
+            f.write(line + "\n")
+
+    def left(self) -> float:
+        return self.budget - (time.time() - self.t0)
+
+    # -- job kinds ---------------------------------------------------------------------------------------------
+    def start_seed(self, job: dict, gpus: str = "0,1") -> list[H.Proc]:
+        port = H.next_port()
+        argv = [H.PY, "-m", "accelerate.commands.launch", "--config_file",
+                str(H.REPO / "bench/seed/configs" / f"{job['config']}.yaml"), "--main_process_port", str(port),
+                str(H.REPO / "bench/seed/seed_baseline.py"), "--name", job["name"], "--results", str(self.results),
+                "--outdir", "/tmp/seed_out", *job["args"]]
+        env = H.base_env({"CUDA_VISIBLE_DEVICES": gpus})
+        return [H.Proc(argv, env, WORK / job["name"] / "seed.log")]
+
+    def start_ours(self, job: dict) -> tuple[list[H.Proc], H.RenderedRun]:
+        wd = WORK / job["name"]
+        run = H.render_job(job["spec"], wd, timed=True)
+        extra = {"FTJOB_BENCH_NAME": job["name"], "FTJOB_BENCH_RESULTS": str(self.results),
+                 "FTJOB_BENCH_NOTE": job.get("note", "")}
+        if job.get("levers"):
+            extra["FTJOB_SPEED"] = job["levers"]
+        p = run.plan
+        self.log(f"  {job['name']}: plan ZeRO-{p.strategy.zero_stage}/{p.strategy.offload}, estimate "
+                 f"{p.estimate.total_gib:.1f} GiB ({p.reason})")
+        return H.start_nodes(run, gpu_offset=job.get("gpu_offset", 0), extra_env=extra), run
+
+    def finish_ours(self, job: dict, run: H.RenderedRun, codes: list[int], wall: float) -> None:
+        plan = run.plan
+        row = {"name": job["name"], "plan": {"zero_stage": plan.strategy.zero_stage, "offload": plan.strategy.offload,
+                                             "estimate_gib": plan.estimate.total_gib,
+                                             "parts_gib": {k: v / 2**30 for k, v in plan.estimate.parts.items()},
+                                             "reason": plan.reason},
+               "rc": codes, "wall_s": wall, "accelerate_yaml": run.files.get("accelerate.yaml"),
+               "deepspeed_json": run.files.get("deepspeed.json")}
+        H.append_jsonl(self.out / "ours_runs.jsonl", row)
+
+    def run_job(self, job: dict) -> None:
+        kind, name = job["type"], job["name"]
+        left = self.left()
+        if left < job.get("min", 60):
+            self.log(f"SKIP {name}: {left:.0f}s of budget left, needs {job.get('min', 60)}s")
+            H.append_jsonl(self.results, {"name": name, "ok": False, "error": "skipped: out of time budget"})
+            return
+        limit = min(job.get("max", 300), left - 5)
+        self.log(f"JOB {name} ({kind}) limit {limit:.0f}s")
+        t = time.time()
+        entries: list[tuple[dict, list[H.Proc], H.RenderedRun | None]] = []
+        try:
+            if kind == "cmd":
+                env = H.base_env(job.get("env"))
+                entries.append((job, [H.Proc(job["argv"], env, WORK / name / "cmd.log")], None))
+            elif kind == "seed":
+                entries.append((job, self.start_seed(job), None))
+            elif kind == "ours":
+                procs, run = self.start_ours(job)
+                entries.append((job, procs, run))
+            elif kind == "par":
+                for sub in job["jobs"]:
+                    if sub["type"] == "ours":
+                        procs, run = self.start_ours(sub)
+                        entries.append((sub, procs, run))
+                    else:
+                        entries.append((sub, self.start_seed(sub, gpus=sub.get("gpus", "0")), None))
+            for sub, procs, run in entries:
+                codes = H.wait_all(procs, limit - (time.time() - t))
+                wall = time.time() - t
+                self.log(f"END {sub['name']} rc={codes} wall={wall:.0f}s")
+                if run is not None:
+                    self.finish_ours(sub, run, codes, wall)
+                if any(codes) and sub["type"] != "cmd":
+                    have = self.results.exists() and f'"name": "{sub["name"]}"' in self.results.read_text()
+                    if not have:
+                        H.append_jsonl(self.results, {"name": sub["name"], "ok": False,
+                                                      "error": f"rc={codes} (124 = timeout)"})
+                for p in procs:
+                    self.log(f"--- tail {p.log_path}\n{H.tail(p.log_path, 25 if any(codes) else 6)}")
+        except Exception as e:  # noqa: BLE001 - record and go on with the next job
+            self.log(f"ERROR {name}: {type(e).__name__}: {e}")
+            H.append_jsonl(self.results, {"name": name, "ok": False, "error": f"{type(e).__name__}: {e}"})
+        finally:
+            for _, procs, _ in entries:
+                for p in procs:
+                    p.close()
+            H.kill_leftovers(self.log)
+            time.sleep(2)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--plan", action="append", required=True, choices=sorted(PLANS))
+    ap.add_argument("--out", default=os.environ.get("OUT", "bench_out"))
+    ap.add_argument("--budget", type=float, default=540)
+    ap.add_argument("--only", default=None, help="comma-separated job names")
+    a = ap.parse_args()
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    WORK.mkdir(parents=True, exist_ok=True)
+    r = Runner(out, a.budget)
+    jobs = [j for p in a.plan for j in PLANS[p]()]
+    if a.only:
+        keep = set(a.only.split(","))
+        jobs = [j for j in jobs if j["name"] in keep]
+    r.log(f"plan {a.plan}: {[j['name'] for j in jobs]}")
+    for job in jobs:
+        r.run_job(job)
+    r.log("done")
+    # short table last (the reply carries the end of the output)
+    if r.results.exists():
+        for line in r.results.read_text().splitlines():
+            d = json.loads(line)
+            tps = d.get("tokens_per_s_per_gpu")
+            mem = max((x.get("max_mem_alloc_gib", 0) for x in d.get("ranks", [])), default=0)
+            print(f"{d['name']:28s} ok={d.get('ok')} tok/s/GPU={tps if tps is None else round(tps)} "
+                  f"step_s={d.get('step_s')} peak_alloc={mem:.1f} {d.get('error', '')[:120]}")
+
+
+if __name__ == "__main__":
+    main()
