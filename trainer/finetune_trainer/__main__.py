@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import logging
 import os
 import sys
@@ -27,9 +28,10 @@ def train(config_path: str) -> int:
     """Load, build, train (resuming), save, push; every rank runs this, I/O to the Hub on the main process."""
     from finetune_trainer import builtin
     from finetune_trainer.adapters import merge_into_base, peft_config
-    from finetune_trainer.arguments import build_sft_config, on_cpu
+    from finetune_trainer.arguments import build_sft_config
     from finetune_trainer.cards import write_card
     from finetune_trainer.checkpoints import CompletionMarker, SaveOnSigterm, prepare_resume
+    from finetune_trainer.cpu import on_cpu, prepare_cpu_backend
     from finetune_trainer.data import load_data
     from finetune_trainer.hub import PushOnSave, hub_target, push
     from finetune_trainer.loading import load_config
@@ -40,6 +42,7 @@ def train(config_path: str) -> int:
     cfg = load_config(config_path)
     model_path = builtin.resolve_model(cfg.model.name_or_path)  # generated files, before any zero.Init
     data_path = builtin.resolve_dataset(cfg.data.name_or_path)
+    prepare_cpu_backend(cfg)
     args = build_sft_config(cfg)  # before the model: ZeRO-3 shards while loading
 
     from accelerate import PartialState
@@ -133,7 +136,8 @@ def _quiet_replicas(is_main: bool) -> None:
 
 
 def _termination_message(message: str) -> None:
-    """Kubernetes shows /dev/termination-log in the pod status; the operator can quote it."""
+    """Kubernetes shows /dev/termination-log in the pod status: `accelerate launch` turns every worker
+    failure into exit 1, so this is where the operator can still read our permanent exit code."""
     path = Path(os.environ.get("FTJOB_TERMINATION_LOG", "/dev/termination-log"))
     if path.parent.is_dir() and (path.exists() or os.environ.get("FTJOB_TERMINATION_LOG")):
         with contextlib.suppress(OSError):
@@ -145,19 +149,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True, help="path to trainer.json")
     ns = parser.parse_args(argv)
     rank = os.environ.get("RANK", "0")
-    logging.basicConfig(
-        level=logging.INFO, format=f"%(asctime)s [rank{rank}] %(levelname)s %(name)s: %(message)s"
-    )
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s [rank{rank}] %(levelname)s %(name)s: %(message)s")
     try:
         return train(ns.config)
     except PermanentError as e:
         log.error("permanent error (exit %d): %s", e.exit_code, e.message)
-        _termination_message(e.message)
+        _termination_message(json.dumps({"exitCode": e.exit_code, "reason": type(e).__name__, "message": e.message}))
         return e.exit_code
     except PushFailedError as e:
         log.error("%s", e)
         _termination_message(str(e))
         return 1
+    finally:
+        _leave_process_group()
+
+
+def _leave_process_group() -> None:
+    """Tear down torch.distributed explicitly; relying on interpreter exit can hang a gloo group."""
+    if "torch" in sys.modules:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
 
 
 if __name__ == "__main__":

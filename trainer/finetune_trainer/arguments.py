@@ -12,18 +12,12 @@ import logging
 from typing import TYPE_CHECKING
 
 from finetune_trainer.config import TrainerConfig
+from finetune_trainer.cpu import on_cpu
 
 if TYPE_CHECKING:
     from trl import SFTConfig
 
 log = logging.getLogger(__name__)
-
-
-def on_cpu(cfg: TrainerConfig) -> bool:
-    """CPU when the config says so or when no CUDA device exists (laptops, CI)."""
-    import torch
-
-    return cfg.distributed.use_cpu or not torch.cuda.is_available()
 
 
 def build_sft_config(cfg: TrainerConfig) -> SFTConfig:
@@ -66,9 +60,7 @@ def build_sft_config(cfg: TrainerConfig) -> SFTConfig:
         per_device_eval_batch_size=t.per_device_eval_batch_size,
         gradient_accumulation_steps=t.gradient_accumulation_steps,
         activation_checkpointing=t.gradient_checkpointing,
-        activation_checkpointing_kwargs={"use_reentrant": t.use_reentrant}
-        if t.gradient_checkpointing
-        else None,
+        activation_checkpointing_kwargs={"use_reentrant": t.use_reentrant} if t.gradient_checkpointing else None,
         logging_strategy="steps",
         logging_steps=t.logging_steps,
         logging_first_step=True,
@@ -91,7 +83,7 @@ def build_sft_config(cfg: TrainerConfig) -> SFTConfig:
         report_to="none",
         ddp_find_unused_parameters=False,
         dataloader_num_workers=0,
-        log_level="info",
+        log_level="warning",
         log_level_replica="warning",
         disable_tqdm=False,
     )

@@ -69,9 +69,7 @@ def render_card(cfg: TrainerConfig, metrics: dict[str, Any], *, has_plot: bool) 
         f"# {cfg.job.namespace}/{cfg.job.name}",
         f"LoRA adapter for `{base}` (revision `{cfg.model.revision}`), trained with TRL SFT on "
         f"`{cfg.data.name_or_path}` by finetune-operator.",
-        "## Final metrics\n\n| metric | value |\n|---|---|\n" + rows
-        if rows
-        else "## Final metrics\n\nnone logged",
+        "## Final metrics\n\n| metric | value |\n|---|---|\n" + rows if rows else "## Final metrics\n\nnone logged",
     ]
     if has_plot:
         parts.append("## Loss\n\n![loss curve](loss.png)")
@@ -84,9 +82,7 @@ def render_card(cfg: TrainerConfig, metrics: dict[str, Any], *, has_plot: bool) 
     return "\n\n".join(parts) + "\n"
 
 
-def write_card(
-    cfg: TrainerConfig, out_dir: Path, metrics: dict[str, Any], log_history: list[dict[str, Any]]
-) -> None:
+def write_card(cfg: TrainerConfig, out_dir: Path, metrics: dict[str, Any], log_history: list[dict[str, Any]]) -> None:
     """Write README.md and loss.png into the adapter directory."""
     has_plot = plot_loss(log_history, out_dir / "loss.png")
     (out_dir / "README.md").write_text(render_card(cfg, metrics, has_plot=has_plot))

@@ -53,9 +53,7 @@ def set_aside_torn(root: Path) -> list[Path]:
         if not is_complete(path):
             target = root / f"torn-checkpoint-{step}-{int(time.time())}"
             path.rename(target)
-            log.warning(
-                "checkpoint %s has no completion marker (torn save); moved to %s", path.name, target.name
-            )
+            log.warning("checkpoint %s has no completion marker (torn save); moved to %s", path.name, target.name)
             moved.append(target)
     return moved
 

@@ -34,9 +34,7 @@ def _load_raw(path: str, token: str | None) -> Any:
     if p.is_file():
         fmt = _FORMATS.get(p.suffix)
         if fmt is None:
-            raise BadDatasetError(
-                f"data.name_or_path: {path!r} is not a .jsonl, .json, .parquet or .arrow file"
-            )
+            raise BadDatasetError(f"data.name_or_path: {path!r} is not a .jsonl, .json, .parquet or .arrow file")
         return datasets.load_dataset(fmt, data_files={"train": str(p)})
     if p.is_dir():
         if (p / "dataset_dict.json").exists() or (p / "state.json").exists():
@@ -95,16 +93,10 @@ def tokenize(ds: Any, cfg: TrainerConfig, tokenizer: Any, name: str) -> Any:
     columns = list(ds.column_names)
     has_chat = cfg.data.chat_template_format != "none" and "messages" in columns
     if field not in columns and not has_chat:
-        raise BadDatasetError(
-            f"data.textField {field!r} is not a column of the {name} split; columns are {columns}"
-        )
+        raise BadDatasetError(f"data.textField {field!r} is not a column of the {name} split; columns are {columns}")
     if len(ds) == 0:
         raise BadDatasetError(f"data.splits: the {name} split is empty")
-    eos = (
-        [tokenizer.eos_token_id]
-        if cfg.data.append_concat_token and tokenizer.eos_token_id is not None
-        else []
-    )
+    eos = [tokenizer.eos_token_id] if cfg.data.append_concat_token and tokenizer.eos_token_id is not None else []
 
     def encode(batch: dict[str, list[Any]]) -> dict[str, list[list[int]]]:
         texts = _texts(batch, cfg, tokenizer)

@@ -18,13 +18,9 @@ def load_config(path: str | Path) -> TrainerConfig:
     except OSError as e:
         raise InvalidConfigError(f"{path}: cannot read trainer config: {e.strerror}") from e
     except json.JSONDecodeError as e:
-        raise InvalidConfigError(
-            f"{path}: not valid JSON (line {e.lineno}, column {e.colno}): {e.msg}"
-        ) from e
+        raise InvalidConfigError(f"{path}: not valid JSON (line {e.lineno}, column {e.colno}): {e.msg}") from e
     try:
         return TrainerConfig.model_validate(raw)
     except ValidationError as e:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}" for err in e.errors()
-        )
+        problems = "; ".join(f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}" for err in e.errors())
         raise InvalidConfigError(f"{path}: invalid trainer config: {problems}") from e

@@ -45,9 +45,7 @@ def check_model_exists(cfg: TrainerConfig, path: str) -> Any:
     permanent = (RepositoryNotFoundError, RevisionNotFoundError, EntryNotFoundError, HFValidationError)
     looks_local = path.startswith(("/", "./", "../", "~"))
     if looks_local and not Path(path).expanduser().is_dir():
-        raise UnknownModelError(
-            f"model.name_or_path: local path {path!r} does not exist or is not a directory"
-        )
+        raise UnknownModelError(f"model.name_or_path: local path {path!r} does not exist or is not a directory")
     try:
         return AutoConfig.from_pretrained(path, **_hub_kwargs(cfg, path))
     except (OSError, ValueError) as e:
@@ -74,6 +72,7 @@ def load_tokenizer(cfg: TrainerConfig, path: str) -> Any:
     """Tokenizer with the spec's chat template installed and a pad token set."""
     from transformers import AutoTokenizer
 
+    check_model_exists(cfg, path)  # first thing touching the model: an unknown id fails here, as exit 66
     tokenizer = AutoTokenizer.from_pretrained(path, **_hub_kwargs(cfg, path))
     added = install_chat_template(tokenizer, cfg.data.chat_template_format)
     if added:
@@ -89,7 +88,6 @@ def load_model(cfg: TrainerConfig, path: str, tokenizer: Any, *, cuda: bool, zer
     """AutoModelForCausalLM in the configured dtype (QLoRA: storage dtype), caches off for training."""
     from transformers import AutoModelForCausalLM
 
-    check_model_exists(cfg, path)
     kwargs: dict[str, Any] = {
         "dtype": load_dtype(cfg),
         "attn_implementation": attn_implementation(cfg, cuda=cuda),

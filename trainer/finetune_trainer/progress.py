@@ -125,9 +125,7 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
         self._start_step = state.global_step
         self._start_tokens = int(getattr(state, "num_input_tokens_seen", 0) or 0)
 
-    def on_log(
-        self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **_: Any
-    ) -> None:
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **_: Any) -> None:
         if not state.is_world_process_zero or not logs:
             return
         self._loss = logs.get("loss", self._loss)

@@ -30,8 +30,7 @@ def quantization_config(cfg: TrainerConfig, *, cuda: bool) -> BitsAndBytesConfig
         return None
     if not cuda:
         raise InvalidConfigError(
-            "model.quantization: QLoRA (bitsandbytes 4-bit) needs CUDA GPUs; "
-            "remove model.quantization to train on CPU"
+            "model.quantization: QLoRA (bitsandbytes 4-bit) needs CUDA GPUs; remove model.quantization to train on CPU"
         )
     from transformers import BitsAndBytesConfig
 
