@@ -75,9 +75,6 @@ def ours_job(name: str, levers: str = "", minimum: int = 70, limit: int = 200, n
 def plan_perf() -> list[dict]:
     best = "varlen,liger,fused_adamw"
     return [
-        {"type": "cmd", "name": "gpu_tests", "argv": [H.PY, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                                                       "tests/gpu", "-m", "gpu", "-x"], "min": 30, "max": 120,
-         "env": {"CUDA_VISIBLE_DEVICES": "0"}},
         seed_job("A_zero3", "zero3"),
         ours_job("ours_best", best, note="DDP (planner: auto), no checkpointing, " + best),
         {"type": "par", "name": "pair_attention", "min": 80, "max": 200, "jobs": [
@@ -97,6 +94,9 @@ def plan_perf() -> list[dict]:
             ours_job("ours1g_varlen_liger_fused", "varlen,liger,fused_adamw", gpus=1, gpu_offset=1,
                      note="1 GPU, varlen + liger + fused AdamW"),
         ]},
+        {"type": "cmd", "name": "gpu_tests", "argv": [H.PY, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                                                       "tests/gpu", "-m", "gpu", "-x"], "min": 30, "max": 120,
+         "env": {"CUDA_VISIBLE_DEVICES": "0"}},
     ]
 
 
@@ -124,6 +124,8 @@ def plan_cpu_smoke() -> list[dict]:
                       "training": {"mixedPrecision": "no", "perDeviceTrainBatchSize": 2},
                       "distributed": {"processesPerNode": 1}}}
     return [ours_job("cpu_ours", "varlen,fused_adamw", gpus=0, nodes=2, zero=3, steps=4, shape=tiny, extra=extra,
+                     minimum=10, limit=300),
+            ours_job("cpu_ours_1p", "varlen", gpus=0, nodes=1, zero=0, steps=4, shape=tiny, extra=extra,
                      minimum=10, limit=300)]
 
 

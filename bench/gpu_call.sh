@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# One device call: install the carried wheels, build the local models/data, then run bench plans within a budget.
+#   bash bench/gpu_call.sh BUDGET_SECONDS "PLAN_ARGS" [MODELS]      e.g.  bash bench/gpu_call.sh 560 "--plan perf" 8b
+# MODELS: comma list of 8b, small70b (a 70B-shaped model with few layers) - built on the last GPU in the background
+# while the matmul ceiling and versions are taken on GPU 0. Everything lands in $OUT.
+set -u
+T0=$(date +%s)
+BUDGET=${1:-560}; PLAN_ARGS=${2:---plan perf}; MODELS=${3:-8b}
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} TORCH_SYMM_MEM_DISABLE_MULTICAST=${TORCH_SYMM_MEM_DISABLE_MULTICAST:-1} NVSHMEM_DISABLE_NVLS=${NVSHMEM_DISABLE_NVLS:-1}
+OUT=${OUT:-/tmp/bench_out}; AUX=/tmp/bench/aux; mkdir -p "$OUT" $AUX
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  > "$AUX/pip.log" 2>&1 || { tail -20 "$AUX/pip.log"; exit 1; }
+export PYTHONPATH=/tmp/site
+NG=$(nvidia-smi -L | grep -c '^GPU ')
+LAST=$((NG - 1))
+(
+  for m in ${MODELS//,/ }; do
+    case $m in
+      8b) CUDA_VISIBLE_DEVICES=$LAST python3 bench/make_models.py model --shape llama3-8b --out /tmp/bench/models/llama3-8b --device cuda:0 ;;
+      small70b) CUDA_VISIBLE_DEVICES=$LAST python3 bench/make_models.py model --shape llama2-70b --layers-override 8 --out /tmp/bench/models/llama2-70b-8l --device cuda:0 ;;
+    esac
+  done
+  python3 bench/make_models.py data --out /tmp/bench/data/rand2048 --rows 160 --row-len 2048 --vocab 128256
+) > "$AUX/make_models.log" 2>&1 &
+MK=$!
+{
+  echo "===== versions ($(date -u +%FT%TZ))"
+  python3 bench/seed/seed_baseline.py --mode versions 2>&1 | grep -v Warning
+  nvidia-smi --query-gpu=index,name,memory.total,clocks.max.sm,power.limit,driver_version --format=csv
+  nvidia-smi topo -m; nproc; free -g | head -2; df -h /tmp | tail -1
+} > "$OUT/versions.txt" 2>&1
+CUDA_VISIBLE_DEVICES=0 python3 bench/seed/seed_baseline.py --mode matmul --matmul-json "$OUT/matmul.json" > "$AUX/matmul.txt" 2>&1
+wait $MK; cat "$AUX/make_models.log" | tail -5
+ELAPSED=$(( $(date +%s) - T0 ))
+echo "setup took ${ELAPSED}s"
+python3 bench/run_bench.py $PLAN_ARGS --out "$OUT" --budget $(( BUDGET - ELAPSED ))
+# at most 8 files come back: every log in one archive (no checkpoints or weights)
+nvidia-smi > $AUX/nvidia-smi-end.txt 2>&1
+tar czf "$OUT/logs.tgz" --exclude='checkpoints' --exclude='*.safetensors' --exclude='*.bin' -C /tmp/bench aux work 2>/dev/null
+ls -la "$OUT"
