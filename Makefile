@@ -33,7 +33,7 @@ venv: ## create/refresh the virtualenv (outside the repo, cached)
 	@hack/venv.sh
 
 run: ## train the tiny example on this machine: ftjob run examples/tiny-cpu.yaml
-	$(VENV)/bin/ftjob run examples/tiny-cpu.yaml
+	$(VENV)/bin/ftjob run --fresh examples/tiny-cpu.yaml
 
 test: cluster-build ## everything CI runs: lint, unit, trainer (CPU) and control-plane tests
 	$(VENV)/bin/ruff check operator trainer tests

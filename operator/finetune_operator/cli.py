@@ -108,6 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--workdir", help="where configs, checkpoints and the adapter go (default: ./ftjob-runs/NAME)"
     )
     run.add_argument("--nodes", type=int, default=None, help="override the number of local 'nodes'")
+    run.add_argument("--fresh", action="store_true", help="delete the work directory first instead of resuming")
     run.set_defaults(func=_run)
 
     op = sub.add_parser("operator", help="run the operator (what the Helm chart's Deployment runs)")

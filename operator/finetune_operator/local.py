@@ -7,6 +7,7 @@ process with its machine rank; without GPUs the job runs on CPU (DeepSpeed's CPU
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -40,9 +41,7 @@ def fit_to_machine(job: FineTuneJob, *, nodes: int | None, gpus_here: int) -> tu
     if nodes is not None:
         dist.nodes = nodes
     if dist.gpus_per_node and gpus_here == 0:
-        notes.append(
-            f"no GPU here: running {dist.nodes} node(s) on CPU instead of {dist.gpus_per_node} GPU(s) each"
-        )
+        notes.append(f"no GPU here: running {dist.nodes} node(s) on CPU instead of {dist.gpus_per_node} GPU(s) each")
         dist.processes_per_node = dist.processes_per_node or 1
         dist.gpus_per_node = 0
     elif dist.gpus_per_node and dist.nodes * dist.gpus_per_node > gpus_here:
@@ -74,30 +73,34 @@ def _summarize(adapter_dir: Path, checkpoint_dir: Path) -> None:
     print(f"\nadapter: {adapter_dir}")
     for png in sorted(adapter_dir.glob("*.png")):
         print(f"loss curve: {png}")
-    losses_file = checkpoint_dir / "losses.jsonl"
-    if losses_file.exists():
-        losses = [json.loads(line) for line in losses_file.read_text().splitlines() if line.strip()]
-        series = " ".join(f"{e['step']}:{e['loss']:.3f}" for e in losses if "loss" in e)
-        print(f"loss by step: {series}")
+    metrics_file = checkpoint_dir / "metrics.jsonl"
+    if metrics_file.exists():
+        rows = [json.loads(line) for line in metrics_file.read_text().splitlines() if line.strip()]
+        losses = [(row["step"], row["loss"]) for row in rows if "loss" in row]
+        print("loss by step: " + "  ".join(f"{step}:{loss:.3f}" for step, loss in losses))
 
 
-def run_locally(job: FineTuneJob, *, workdir: Path | None = None, nodes: int | None = None) -> int:
-    """Render, write the configs, run every node, and report where the adapter went."""
+def run_locally(job: FineTuneJob, *, workdir: Path | None = None, nodes: int | None = None, fresh: bool = False) -> int:
+    """Render, write the configs, run every node, and report where the adapter went.
+
+    Like a pod, a local run resumes from the newest complete checkpoint in its work directory;
+    `fresh` deletes the directory first.
+    """
     job, notes = fit_to_machine(job, nodes=nodes, gpus_here=local_gpu_count())
     for note in notes:
         print(f"ftjob run: {note}")
     workdir = (workdir or Path("ftjob-runs") / job.name).resolve()
+    if fresh and workdir.exists():
+        shutil.rmtree(workdir)
+    elif any(workdir.glob("checkpoints/checkpoint-*")):
+        print(f"ftjob run: {workdir} holds checkpoints: resuming (use --fresh to start over)")
     config_dir, checkpoint_dir = workdir / "config", workdir / "checkpoints"
     config_dir.mkdir(parents=True, exist_ok=True)
     checkpoint_dir.mkdir(parents=True, exist_ok=True)
     dist = job.spec.distributed
     rendezvous = dist.rendezvous.model_copy(update={"port": _free_port(dist.rendezvous.port)})
     job = job.model_copy(
-        update={
-            "spec": job.spec.model_copy(
-                update={"distributed": dist.model_copy(update={"rendezvous": rendezvous})}
-            )
-        }
+        update={"spec": job.spec.model_copy(update={"distributed": dist.model_copy(update={"rendezvous": rendezvous})})}
     )
     rendered = render_all(job, RenderOptions(config_dir=str(config_dir), checkpoint_dir=str(checkpoint_dir)))
     for name, text in rendered.files.items():
@@ -127,9 +130,7 @@ def run_locally(job: FineTuneJob, *, workdir: Path | None = None, nodes: int | N
             config_dir=str(config_dir),
         )
         argv = [sys.executable, "-m", "accelerate.commands.launch", *argv[2:]]
-        proc = subprocess.Popen(
-            argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
-        )
+        proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
         threading.Thread(target=_pump, args=(proc.stdout, f"[node {rank}] "), daemon=True).start()
         procs.append(proc)
     code = 0
