@@ -200,6 +200,10 @@ def launch(
         "--main_process_port", str(port or free_port()), "--rdzv_backend", "c10d", "--max_restarts", "0",
         "-m", "finetune_trainer", "--config", str(config),
     ]  # fmt: skip
+    if num_machines == 1:
+        # One machine: accelerate hands torchrun no rdzv endpoint, and c10d then defaults to localhost:29400,
+        # so two concurrent runs on one host (parallel tests, `ftjob run`) would share a store. Pin it.
+        extra_env = {"PET_RDZV_ENDPOINT": f"127.0.0.1:{free_port()}", **(extra_env or {})}
     log = config.parent / log_name
     with open(log, "wb") as out:
         proc = subprocess.Popen(

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures.hub_server import HubServer
+from tests.fixtures.progress_server import ProgressServer
 from tests.trainer.launching import DDP_YAML, ZERO3_YAML, free_port, launch, losses, run, write_config
 
 pytestmark = pytest.mark.trainer
@@ -53,15 +55,35 @@ def test_zero3_two_processes_lowers_loss_and_saves_a_faithful_adapter(
     assert "train_loss" in card and "loss.png" in card
 
 
-def test_ddp_two_processes_lowers_loss_and_saves_a_faithful_adapter(
+def test_ddp_two_processes_trains_reports_progress_and_pushes(
     tmp_path: Path, trainer_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("FTJOB_CACHE", trainer_env["FTJOB_CACHE"])
-    config = write_config(tmp_path, distributed={"num_processes": 2, "zero_stage": 0, "use_cpu": True})
-    job = run(config, trainer_env, yaml=DDP_YAML)
-    assert "2 processes" in job.text()
+    token_file = tmp_path / "progress-token"
+    token_file.write_text("projected-sa-token\n")
+    with HubServer() as hub, ProgressServer() as progress:
+        config = write_config(
+            tmp_path,
+            distributed={"num_processes": 2, "zero_stage": 0, "use_cpu": True},
+            output={"hub": {"repo_id": "org/tiny-ddp", "endpoint": hub.endpoint, "strategy": "end"}},
+        )
+        env = {
+            "HF_TOKEN": "hf_ddp_token",
+            "FTJOB_PROGRESS_URL": progress.url,
+            "FTJOB_PROGRESS_TOKEN_FILE": str(token_file),
+        }
+        job = run(config, trainer_env, yaml=DDP_YAML, extra_env=env)
+        files = set(hub.repos["org/tiny-ddp"].files)
+        reports = list(progress.reports)
+    assert "2 processes" in job.text() and "hf_ddp_token" not in job.text()
     assert_loss_went_down(tmp_path)
     assert_adapter_reproduces_probe(tmp_path)
+    assert {"adapter_model.safetensors", "adapter_config.json", "README.md", "loss.png"} <= files
+    assert set(progress.tokens) == {"Bearer projected-sa-token"}
+    steps = [r["progress"] for r in reports if "progress" in r]
+    assert steps[-1]["step"] == steps[-1]["totalSteps"] == 12 and steps[-1]["percent"] == 100
+    assert {"loss", "learningRate", "tokensPerSecond", "etaSeconds", "updatedAt"} <= set(steps[-1])
+    assert reports[-1]["output"]["hubRepo"] == "org/tiny-ddp"
 
 
 def test_two_nodes_rendezvous_on_loopback(tmp_path: Path, trainer_env: dict[str, str]) -> None:
