@@ -22,6 +22,10 @@ def test_rendered_objects_pass_server_side_dry_run(helm: Helm, cluster: Cluster,
     apply_chart_crds(cluster)
     values = {"watchNamespaces": [namespace]} if mode == "namespaced" else {}
     text = helm.template(values=values, release=release_name(), namespace=namespace)
+    # The ServiceAccount admission plugin looks up a pod's ServiceAccount even in a dry run, so the
+    # ServiceAccounts (namespaced, gone with the test namespace) are created for real first.
+    accounts = [d for d in yaml.safe_load_all(text) if d and d["kind"] == "ServiceAccount"]
+    cluster.kubectl("apply", "--namespace", namespace, "-f", "-", input=yaml.safe_dump_all(accounts))
     proc = cluster.kubectl("apply", "--dry-run=server", "--namespace", namespace, "-f", "-", input=text)
     applied = [line for line in proc.stdout.splitlines() if line.strip()]
     assert len(applied) == len([d for d in yaml.safe_load_all(text) if d]), proc.stdout

@@ -92,6 +92,9 @@ def test_operator_with_the_chart_service_account_runs_a_job(
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
         "POD_ID": "chart-test-operator",
     }
+    whoami = subprocess.run([str(cluster.bin_dir / "kubectl"), "--kubeconfig", env["KUBECONFIG"], "auth", "whoami",
+                             "-o", "jsonpath={.status.userInfo.username}"], capture_output=True, text=True, check=True)
+    assert whoami.stdout == release.sa  # the operator below is this ServiceAccount, not admin
     log_path = tmp_path / "operator.log"
     with log_path.open("wb") as log:
         proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
