@@ -140,5 +140,4 @@ main() {
 
 # Everything runs from main, which bash parses whole before running: editing this file while a
 # build is running cannot derail that build.
-main "$@"
-exit
+main "$@"; exit  # one line: bash has read it whole before running it

@@ -99,7 +99,7 @@ class Cluster:
 def _script(name: str, *args: str) -> None:
     """Run a hack/cluster script, streaming its progress to the terminal (pytest -s) or log."""
     print(f"[controlplane] running hack/cluster/{name} {' '.join(args)}", file=sys.stderr, flush=True)
-    proc = subprocess.run([str(HACK / name), *args], cwd=REPO, stdout=sys.stderr, stderr=subprocess.STDOUT)
+    proc = subprocess.run([str(HACK / name), *args], cwd=REPO)  # inherits pytest's (captured) fds
     if proc.returncode != 0:
         raise RuntimeError(f"hack/cluster/{name} failed with exit code {proc.returncode}")
 

@@ -19,8 +19,9 @@ GPU = "nvidia.com/gpu"
 
 
 def versions() -> dict[str, str]:
-    pairs = (line.split("=", 1) for line in (HACK / "versions.env").read_text().splitlines())
-    return {k.strip(): v.strip() for k, v in (p for p in pairs if len(p) == 2 and not k.startswith("#"))}
+    lines = (line.strip() for line in (HACK / "versions.env").read_text().splitlines())
+    pairs = (line.split("=", 1) for line in lines if line and not line.startswith("#"))
+    return {k: v for k, v in pairs}
 
 
 def get(cluster: Cluster, *args: str) -> Any:
@@ -329,3 +330,28 @@ def test_pods_on_a_lost_node_fail_the_job(cluster: Cluster, namespace: str, rest
     assert wait_until(lambda: job_condition(cluster, namespace, "victim"), timeout=90, what="job victim done") == "Failed"
     job = get(cluster, "-n", namespace, "job", "victim")
     assert job["status"].get("failed", 0) >= 1
+
+
+def test_pods_on_a_deleted_node_are_garbage_collected_and_fail_the_job(
+    cluster: Cluster, namespace: str, restore_nodes: Any
+) -> None:
+    """The slow path (pod GC: 40 s quarantine + up to 20 s period); the lost label is faster."""
+    apply(cluster, indexed_job("orphan", pods=1, gpus=1, annotations={"kwok.finetune.dev/hold": "true"}), namespace)
+    [pod] = wait_until(
+        lambda: [p for p in pods_of(cluster, namespace, "orphan") if p["status"].get("phase") == "Running"],
+        timeout=60,
+        what="pod of job orphan Running",
+    )
+    node = get(cluster, "node", pod["spec"]["nodeName"])
+    cluster.kubectl("delete", "node", node["metadata"]["name"])
+    try:
+        done = wait_until(lambda: job_condition(cluster, namespace, "orphan"), timeout=120, what="job orphan done")
+        assert done == "Failed"
+        assert not [p for p in pods_of(cluster, namespace, "orphan") if p["metadata"]["uid"] == pod["metadata"]["uid"]]
+    finally:
+        for key in ("resourceVersion", "uid", "creationTimestamp", "managedFields"):
+            node["metadata"].pop(key, None)
+        node["metadata"].get("annotations", {}).pop("kubectl.kubernetes.io/last-applied-configuration", None)
+        node.pop("spec", None)
+        node["status"] = {k: node["status"][k] for k in ("capacity", "allocatable")}
+        apply(cluster, node)
