@@ -174,11 +174,12 @@ def _verdict(job: FineTuneJob, observed: Observed, now: datetime) -> _Verdict:
     if current is None or current.deleting:
         return _Verdict("Pending", "Creating", f"creating attempt {attempt}", attempt)
     ready = current.ready
-    if ready >= nodes and not current.suspended:
-        return _Verdict(
-            "Running", "AllNodesReady", f"attempt {attempt}: {ready}/{nodes} node(s) running", attempt
-        )
+    done = sum(1 for p in current.pods if p.phase == "Succeeded")
+    if ready + done >= nodes and not current.suspended:
+        return _Verdict("Running", "AllNodesReady", f"attempt {attempt}: {ready}/{nodes} node(s) running", attempt)
     waiting = f"attempt {attempt}: {ready}/{nodes} node(s) ready"
+    if prev.phase == "Running" and prev.attempt == attempt and not current.suspended:
+        return _Verdict("Running", prev_reason(prev, "Running"), waiting, attempt)  # a blip is not a new phase
     if prev.phase == "Restarting":
         return _Verdict("Restarting", prev_reason(prev, "Restarting"), f"{waiting} after restart", attempt)
     return _Verdict("Pending", "PodsStarting", waiting, attempt)

@@ -1,8 +1,9 @@
 """kopf handlers: every trigger that can change what a FineTuneJob needs ends in `reconcile_job`.
 
-The job's own create/update/resume events, any event of its attempt Jobs and trainer pods (found
-by the job-name label), and a slow safety timer. Handlers are thin: find the job's key, hand it to
-the reconciler, return None (a return value would land in `status.<id>` and be pruned).
+The job's own create/update/resume events and any event of its attempt Jobs and trainer pods
+(found by the job-name label); deadlines, TTLs and the slow safety resync are wake-ups
+(`requeue`), not kopf timers, so no finalizer is ever put on a FineTuneJob. Handlers are thin:
+find the job's key, hand it to the reconciler, return None (a return value would land in `status.<id>` and be pruned).
 """
 
 from typing import Any
@@ -10,7 +11,6 @@ from typing import Any
 import kopf
 
 from finetune_operator import constants
-from finetune_operator.api.status import TERMINAL_PHASES
 from finetune_operator.handlers.indexes import CHILD_LABELS, key_of
 from finetune_operator.handlers.reconciling import capture_indexes, reconcile_job
 from finetune_operator.handlers.state import OperatorState
@@ -28,19 +28,6 @@ def _state(memo: kopf.Memo) -> OperatorState:
 @kopf.on.resume(*FTJ, id="finetunejob_resume")
 async def finetunejob_changed(namespace: str | None, name: str, memo: kopf.Memo, **kwargs: Any) -> None:
     """The job was created or its spec/labels changed (or the operator restarted): reconcile it."""
-    state = _state(memo)
-    capture_indexes(state, kwargs)
-    await reconcile_job(state, (str(namespace), name))
-
-
-def _active(status: kopf.Status, **_: Any) -> bool:
-    """Terminal jobs need no safety net: their only pending action (TTL) is armed on resume."""
-    return status.get("phase") not in TERMINAL_PHASES
-
-
-@kopf.timer(*FTJ, id="finetunejob_resync", interval=60.0, initial_delay=60.0, when=_active)
-async def finetunejob_resync(namespace: str | None, name: str, memo: kopf.Memo, **kwargs: Any) -> None:
-    """Safety net every 60 s: catches an event that was missed; the hot path never waits for it."""
     state = _state(memo)
     capture_indexes(state, kwargs)
     await reconcile_job(state, (str(namespace), name))

@@ -30,7 +30,11 @@ def build_config(args: argparse.Namespace) -> OperatorConfig:
 
 def run_operator(args: argparse.Namespace) -> int:
     """Run kopf with our handlers until SIGINT/SIGTERM; 0 on a clean stop."""
+    # kopf's debug output dumps whole bodies (spec, env), so never --debug: --verbose is kopf INFO.
     kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat.FULL)
+    logging.getLogger("finetune_operator").setLevel(logging.DEBUG if args.verbose else logging.INFO)
+    # The client's debug lines carry response bodies, TokenReview ones included (with the token).
+    logging.getLogger("kubernetes_asyncio").setLevel(logging.WARNING)
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     import finetune_operator.handlers  # noqa: F401  (registers the handlers)
 

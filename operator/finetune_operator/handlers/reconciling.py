@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from finetune_operator import metrics
 from finetune_operator.api.errors import InvalidSpecError
 from finetune_operator.api.resource import FineTuneJob
-from finetune_operator.api.status import FineTuneJobStatus
+from finetune_operator.api.status import TERMINAL_PHASES, FineTuneJobStatus
 from finetune_operator.handlers import requeue
 from finetune_operator.handlers.indexes import observe
 from finetune_operator.handlers.state import Key, OperatorState
@@ -86,8 +86,9 @@ async def _reconcile_once(state: OperatorState, key: Key) -> bool:
     if actions.delete_self:
         log.info("deleting %s/%s: ttlSecondsAfterFinished passed", *key)
         await state.kube.delete_finetunejob(job.namespace, job.name, job.metadata.uid)
-    elif actions.requeue_after is not None:
-        requeue.schedule(state, key, actions.requeue_after)
+    elif actions.requeue_after is not None or actions.status.phase not in TERMINAL_PHASES:
+        resync = state.config.resync_seconds
+        requeue.schedule(state, key, min(actions.requeue_after or resync, resync))
     return True
 
 

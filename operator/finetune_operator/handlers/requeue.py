@@ -1,8 +1,10 @@
 """Delayed wake-ups (controller-runtime's RequeueAfter) for deadlines and TTLs, in one task.
 
 `reconcile` answers "look again in N seconds"; `schedule()` records that and a single background
-task calls back when it is due. One task for all jobs (not a kopf timer per job), so thousands of
-jobs cost one heap. Wake-ups are hints: a missed one is caught by the slow safety timer.
+task calls back when it is due. Every active job also gets a slow resync wake-up (the safety net
+for a missed event). One task for all jobs, not a kopf timer per job: thousands of jobs cost one
+heap, and kopf timers would force a finalizer onto every FineTuneJob (deletion would then hang
+while the operator is down).
 """
 
 import asyncio
@@ -23,21 +25,26 @@ def schedule(state: OperatorState, key: Key, delay: float) -> None:
 
 
 async def run_wakeups(state: OperatorState, callback: Callable[[Key], Awaitable[None]]) -> None:
-    """Forever: sleep until the earliest wake-up (or a new one arrives), then call back."""
+    """Forever: sleep until the earliest wake-up (or a new one arrives), then call back.
+
+    Only the earliest wake-up per job is kept: the reconcile it triggers plans the next one anyway.
+    """
     heap: list[tuple[float, Key]] = []
-    pending: set[tuple[Key, int]] = set()  # (job, half-second slot): repeated asks collapse into one
+    earliest: dict[Key, float] = {}
     while True:
         timeout = max(heap[0][0] - time.monotonic(), 0.0) if heap else None
         try:
             due, key = await asyncio.wait_for(state.wakeups.get(), timeout)
         except TimeoutError:
             due, key = heapq.heappop(heap)
-            pending.discard((key, int(due * 2)))
+            if earliest.get(key) != due:
+                continue  # superseded by an earlier wake-up that already ran
+            del earliest[key]
             try:
                 await callback(key)
-            except Exception:  # a failed wake-up must not stop the others; the safety timer retries
+            except Exception:  # a failed wake-up must not stop the others
                 log.exception("wake-up reconcile of %s/%s failed", *key)
             continue
-        if (key, int(due * 2)) not in pending:
-            pending.add((key, int(due * 2)))
+        if key not in earliest or due < earliest[key]:
+            earliest[key] = due
             heapq.heappush(heap, (due, key))

@@ -26,7 +26,13 @@ def test_example_runs_to_success_with_the_rendered_children(cluster: Cluster, na
     assert (service["spec"]["clusterIP"], service["spec"]["publishNotReadyAddresses"]) == ("None", True)
     (job,) = items(cluster, namespace, "jobs", CHILD)
     assert job["metadata"]["name"] == "demo-1"
-    assert job["spec"]["template"]["spec"]["containers"] == rendered.job["spec"]["template"]["spec"]["containers"]
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    (want,) = rendered.job["spec"]["template"]["spec"]["containers"]
+    assert {k: container[k] for k in ("command", "env", "image", "volumeMounts")} == {
+        k: want[k] for k in ("command", "env", "image", "volumeMounts")
+    }
+    assert job["spec"]["completions"] == job["spec"]["parallelism"] == 2
+    assert "finalizers" not in get(cluster, namespace, "finetunejob", "demo")["metadata"]
     owner = get(cluster, namespace, "finetunejob", "demo")["metadata"]["uid"]
     for child in (config_map, service, job):
         (ref,) = child["metadata"]["ownerReferences"]
