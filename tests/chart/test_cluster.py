@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from .conftest import Cluster, Helm, apply_chart_crds, can_i, release_name, wait_until
+from .conftest import CHART, Cluster, Helm, apply_chart_crds, can_i, release_name, wait_until
 
 pytestmark = pytest.mark.controlplane
 
@@ -112,3 +112,19 @@ def test_aggregated_roles_let_namespace_users_manage_finetunejobs(
     assert can_i(cluster, "alice", "delete", "finetunejobs.finetune.dev", *ns)
     assert not can_i(cluster, "bob", "create", "finetunejobs.finetune.dev", *ns)
     assert not can_i(cluster, "alice", "list", "finetunejobs.finetune.dev", "--namespace", "default")
+
+
+def test_upgrade_keeps_the_generated_progress_certificate(
+    install: Any, helm: Helm, cluster: Cluster, namespace: str
+) -> None:
+    release = install(namespace)
+
+    def certificate() -> str:
+        secret = json.loads(cluster.kubectl("-n", namespace, "get", "secret", f"{release.fullname}-progress-tls",
+                                            "-o", "json").stdout)
+        return str(secret["data"]["tls.crt"])
+
+    before = certificate()
+    helm.run("upgrade", release.release, str(CHART), "--namespace", namespace, "--reuse-values",
+             "--set", "verbose=true", kubeconfig=cluster.kubeconfig, timeout=180)
+    assert certificate() == before  # `lookup` reused it: trainer pods that pinned the CA keep working
