@@ -30,8 +30,9 @@ def build_config(args: argparse.Namespace) -> OperatorConfig:
 
 def run_operator(args: argparse.Namespace) -> int:
     """Run kopf with our handlers until SIGINT/SIGTERM; 0 on a clean stop."""
-    # kopf's debug output dumps whole bodies (spec, env), so never --debug: --verbose is kopf INFO.
-    kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat.FULL)
+    # kopf's DEBUG lines dump whole bodies (spec, env), so kopf stays at INFO even with --verbose.
+    kopf.configure(verbose=False, log_format=kopf.LogFormat.FULL)
+    logging.getLogger("kopf").setLevel(logging.INFO if args.verbose else logging.WARNING)
     logging.getLogger("finetune_operator").setLevel(logging.DEBUG if args.verbose else logging.INFO)
     # The client's debug lines carry response bodies, TokenReview ones included (with the token).
     logging.getLogger("kubernetes_asyncio").setLevel(logging.WARNING)
