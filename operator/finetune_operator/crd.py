@@ -34,16 +34,11 @@ def _resolve(node: Any, defs: dict[str, Any]) -> Any:
             merged = _resolve(branches[0] if len(branches) == 1 else {"anyOf": branches}, defs)
             return {**merged, **_resolve(rest, defs), "nullable": True}
         if all(b.get("type") in ("string", "array") for b in branches):
-            # str | list[str] (targetModules): the one union we have; keep it structural.
+            # str | list[str] (targetModules): no structural form exists for a union, so the field keeps
+            # any value and the model rejects a wrong one (InvalidSpec in status). CEL cannot type it.
             return {
                 **{k: _resolve(v, defs) for k, v in node.items() if k not in ("anyOf", *_DROP)},
                 "x-kubernetes-preserve-unknown-fields": True,
-                "x-kubernetes-validations": [
-                    {
-                        "rule": "type(self) == string || type(self) == list",
-                        "message": "must be a string or a list of strings",
-                    }
-                ],
             }
     out: dict[str, Any] = {}
     for key, value in node.items():

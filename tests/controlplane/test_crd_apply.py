@@ -36,6 +36,7 @@ def crd(cluster: Cluster) -> None:
 
 
 def apply(kubectl: Kubectl, namespace: str, body: dict[str, Any], *extra: str) -> CompletedProcess[str]:
+    body = {**body, "metadata": {k: v for k, v in body["metadata"].items() if k != "namespace"}}
     return kubectl("apply", "-n", namespace, *extra, "-f", "-", input=yaml.safe_dump(body), check=False)
 
 
