@@ -226,3 +226,19 @@ def test_helm_test_job_is_the_tiny_cpu_example(helm: Helm) -> None:
     (pod,) = [d for d in hooks if d["kind"] == "Pod"]
     assert pod["spec"]["containers"][0]["command"] == ["python", "/etc/finetune-operator-test/run.py"]
     compile(config_map["data"]["run.py"], "run.py", "exec")
+
+
+def test_packaged_chart_carries_the_crds_as_files(helm: Helm, tmp_path: Any) -> None:
+    import tarfile
+
+    helm.run("package", str(CHART), "--destination", str(tmp_path))
+    (archive,) = tmp_path.glob("finetune-operator-*.tgz")
+    with tarfile.open(archive) as tar:
+        members = {m.name: m for m in tar.getmembers()}
+        crd = members["finetune-operator/crds/finetunejob.yaml"]
+        assert crd.isfile()
+        assert "finetune-operator/values.schema.json" in members
+        assert "finetune-operator/crds/kopf-peering.yaml" in members
+        extracted = tar.extractfile(crd)
+        assert extracted is not None
+        assert extracted.read().decode() == (REPO / "crds" / "finetunejob.yaml").read_text()
