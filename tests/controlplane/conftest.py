@@ -7,7 +7,8 @@ kube-controller-manager + kube-scheduler + KWOK with fake GPU nodes:
   (``make cluster-up``), and then leaves it running;
 * otherwise it builds the binaries if needed (``hack/cluster/build.sh``; with
   ``FTJOB_SKIP_CLUSTER_BUILD=1`` and no binaries the tests are skipped instead), starts the
-  cluster with ``hack/cluster/up.sh`` and stops it with ``hack/cluster/down.sh`` at session end.
+  cluster with ``hack/cluster/up.sh`` and stops it with ``hack/cluster/down.sh`` at session end
+  (when no other pytest session is still using it).
 
 ``namespace`` gives each test a fresh namespace (with its default ServiceAccount in place, so
 pods can be created at once) and deletes it afterwards. Every test under this directory is
@@ -16,6 +17,8 @@ marked ``controlplane``.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import subprocess
 import sys
@@ -86,7 +89,7 @@ class Cluster:
         if self._api is None:
             from kubernetes import config
 
-            self._api = config.new_client_from_config(config_file=str(self.kubeconfig))
+            self._api = config.new_client_from_config(config_file=str(self.kubeconfig))  # type: ignore[no-untyped-call]
         return self._api
 
     def readyz(self) -> bool:
@@ -104,26 +107,68 @@ def _script(name: str, *args: str) -> None:
         raise RuntimeError(f"hack/cluster/{name} failed with exit code {proc.returncode}")
 
 
+@contextlib.contextmanager
+def _locked(cluster_dir: Path) -> Iterator[None]:
+    """Serialize fixture start/stop between concurrent pytest sessions sharing one cluster dir."""
+    cluster_dir.mkdir(parents=True, exist_ok=True)
+    with open(cluster_dir / "fixture.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _live_users(users: Path) -> list[Path]:
+    """Sessions (by pid file name) still using the cluster; forget those that died."""
+    live = []
+    for f in users.glob("*"):
+        try:
+            os.kill(int(f.name), 0)
+        except (ValueError, ProcessLookupError):
+            f.unlink(missing_ok=True)
+            continue
+        except PermissionError:
+            pass
+        live.append(f)
+    return live
+
+
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[Cluster]:
+    """The running local control plane; started (and finally stopped) here only if needed.
+
+    Several pytest sessions may share one cluster directory: each registers itself in
+    ``<dir>/fixture-users/<pid>``; a cluster that a fixture started is stopped by the last
+    session to leave, and one started by ``make cluster-up`` is left running.
+    """
     cluster_dir = Path(os.environ.get("FTJOB_CLUSTER_DIR", REPO / ".cluster"))
     bin_dir = Path(
-        subprocess.run([str(HACK / "build.sh"), "--print-bin"], capture_output=True, text=True, check=True).stdout.strip()
+        subprocess.run(
+            [str(HACK / "build.sh"), "--print-bin"], capture_output=True, text=True, check=True
+        ).stdout.strip()
     )
     c = Cluster(kubeconfig=cluster_dir / "kubeconfig", bin_dir=bin_dir)
-    if c.kubeconfig.exists() and all((bin_dir / b).exists() for b in BINARIES) and c.readyz():
-        yield c
-        return
-    if not all((bin_dir / b).exists() for b in BINARIES):
-        if os.environ.get("FTJOB_SKIP_CLUSTER_BUILD") == "1":
-            pytest.skip(f"control-plane binaries missing in {bin_dir} and FTJOB_SKIP_CLUSTER_BUILD=1")
-        _script("build.sh")
-    _script("up.sh")
-    c.started_here = True
+    marker = cluster_dir / "started-by-pytest"
+    users = cluster_dir / "fixture-users"
+    me = users / str(os.getpid())
+    with _locked(cluster_dir):
+        have_bins = all((bin_dir / b).exists() for b in BINARIES)
+        if not (have_bins and c.kubeconfig.exists() and c.readyz()):
+            if not have_bins:
+                if os.environ.get("FTJOB_SKIP_CLUSTER_BUILD") == "1":
+                    pytest.skip(f"control-plane binaries missing in {bin_dir} and FTJOB_SKIP_CLUSTER_BUILD=1")
+                _script("build.sh")
+            _script("up.sh")
+            marker.write_text(f"{os.getpid()}\n")
+            c.started_here = True
+        users.mkdir(exist_ok=True)
+        me.touch()
     try:
         yield c
     finally:
-        _script("down.sh")
+        with _locked(cluster_dir):
+            me.unlink(missing_ok=True)
+            if marker.exists() and not _live_users(users):
+                _script("down.sh")
+                marker.unlink(missing_ok=True)
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import subprocess
 import uuid
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -74,7 +73,8 @@ def indexed_job(
 
 
 def pods_of(cluster: Cluster, ns: str, job: str) -> list[dict[str, Any]]:
-    return get(cluster, "-n", ns, "pods", "-l", f"job-name={job}")["items"]
+    items: list[dict[str, Any]] = get(cluster, "-n", ns, "pods", "-l", f"job-name={job}")["items"]
+    return items
 
 
 def job_condition(cluster: Cluster, ns: str, job: str) -> str | None:
@@ -146,13 +146,19 @@ def cel_crd(cluster: Cluster) -> Any:
 def test_cel_rule_violation_is_refused_with_its_message(cluster: Cluster, namespace: str, cel_crd: Any) -> None:
     def obj(name: str, lo: int, hi: int) -> str:
         return yaml.safe_dump(
-            {"apiVersion": f"{CEL_GROUP}/v1", "kind": "Range", "metadata": {"name": name}, "spec": {"min": lo, "max": hi}}
+            {
+                "apiVersion": f"{CEL_GROUP}/v1",
+                "kind": "Range",
+                "metadata": {"name": name},
+                "spec": {"min": lo, "max": hi},
+            }
         )
 
     # The CRD may take a moment to be served after Established.
     wait_until(
-        lambda: cluster.kubectl("-n", namespace, "apply", "-f", "-", input=obj("good", 1, 2), check=False).returncode
-        == 0,
+        lambda: (
+            cluster.kubectl("-n", namespace, "apply", "-f", "-", input=obj("good", 1, 2), check=False).returncode == 0
+        ),
         timeout=30,
         what="a valid Range to be accepted",
     )
@@ -167,12 +173,19 @@ def test_gpu_jobs_wait_for_free_gpus_then_run_and_succeed(cluster: Cluster, name
     assert nodes, "no KWOK GPU nodes"
     per_node = int(nodes[0]["status"]["allocatable"][GPU])
     # Job "big" takes every GPU in the cluster (one pod per node) and holds them.
-    apply(cluster, indexed_job("big", pods=len(nodes), gpus=per_node, annotations={"kwok.finetune.dev/hold": "true"}), namespace)
+    apply(
+        cluster,
+        indexed_job("big", pods=len(nodes), gpus=per_node, annotations={"kwok.finetune.dev/hold": "true"}),
+        namespace,
+    )
+
+    def all_running() -> list[dict[str, Any]] | None:
+        pods = pods_of(cluster, namespace, "big")
+        ok = len(pods) == len(nodes) and all(p["status"].get("phase") == "Running" for p in pods)
+        return pods if ok else None
+
     running = wait_until(
-        lambda: (p := pods_of(cluster, namespace, "big"))
-        and len(p) == len(nodes)
-        and all(x["status"].get("phase") == "Running" for x in p)
-        and p,
+        all_running,
         timeout=60,
         what="all pods of job big Running",
     )
@@ -199,7 +212,9 @@ def test_gpu_jobs_wait_for_free_gpus_then_run_and_succeed(cluster: Cluster, name
     for p in pods_of(cluster, namespace, "big"):
         assert p["status"]["phase"] == "Succeeded"
         assert p["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] == 0
-    assert wait_until(lambda: job_condition(cluster, namespace, "small"), timeout=60, what="job small done") == "Complete"
+    assert (
+        wait_until(lambda: job_condition(cluster, namespace, "small"), timeout=60, what="job small done") == "Complete"
+    )
     [small] = pods_of(cluster, namespace, "small")
     assert small["spec"]["nodeName"] in {n["metadata"]["name"] for n in nodes}
     assert small["status"]["phase"] == "Succeeded"
@@ -250,13 +265,12 @@ def test_service_account_token_is_bound_to_its_audience(cluster: Cluster, namesp
     authn = client.AuthenticationV1Api(cluster.api_client())
     core.create_namespaced_service_account(namespace, client.V1ServiceAccount(metadata={"name": "trainer"}))
     audience = f"ftjob-progress-{uuid.uuid4().hex[:6]}"
-    token = core.create_namespaced_service_account_token(
-        "trainer",
-        namespace,
-        client.AuthenticationV1TokenRequest(
-            spec=client.V1TokenRequestSpec(audiences=[audience], expiration_seconds=600)
-        ),
-    ).status.token
+    request = client.AuthenticationV1TokenRequest(
+        spec=client.V1TokenRequestSpec(audiences=[audience], expiration_seconds=600)
+    )
+    status = core.create_namespaced_service_account_token("trainer", namespace, request).status
+    assert status is not None and status.token
+    token = status.token
 
     def review(aud: str) -> Any:
         spec = client.V1TokenReviewSpec(token=token, audiences=[aud])
@@ -274,7 +288,10 @@ def test_service_account_token_is_bound_to_its_audience(cluster: Cluster, namesp
 def test_user_without_a_role_is_forbidden(cluster: Cluster, namespace: str) -> None:
     denied = cluster.kubectl("-n", namespace, "get", "pods", "--as=jane", check=False)
     assert denied.returncode != 0 and "Forbidden" in denied.stderr
-    assert cluster.kubectl("-n", namespace, "auth", "can-i", "list", "pods", "--as=jane", check=False).stdout.strip() == "no"
+    assert (
+        cluster.kubectl("-n", namespace, "auth", "can-i", "list", "pods", "--as=jane", check=False).stdout.strip()
+        == "no"
+    )
 
     # A real credential too: a ServiceAccount token with no RoleBinding.
     cluster.kubectl("-n", namespace, "create", "serviceaccount", "nobody")
@@ -327,7 +344,9 @@ def test_pods_on_a_lost_node_fail_the_job(cluster: Cluster, namespace: str, rest
         return any(c["type"] == "Ready" and c["status"] != "True" for c in conds)
 
     wait_until(not_ready, timeout=30, what=f"node {node} NotReady")
-    assert wait_until(lambda: job_condition(cluster, namespace, "victim"), timeout=90, what="job victim done") == "Failed"
+    assert (
+        wait_until(lambda: job_condition(cluster, namespace, "victim"), timeout=90, what="job victim done") == "Failed"
+    )
     job = get(cluster, "-n", namespace, "job", "victim")
     assert job["status"].get("failed", 0) >= 1
 
