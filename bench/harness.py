@@ -39,6 +39,14 @@ def port_in_use(port: int) -> bool:
             return True
 
 
+def port_listening(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
 def next_port() -> int:
     """A port nobody listens on now (other people's tests may run on this host)."""
     _port[0] += 7
@@ -141,9 +149,33 @@ class Proc:
     def poll(self) -> int | None:
         return self.p.poll()
 
+    def descendants(self) -> list[int]:
+        """Every process below the launcher: torch elastic starts its workers in sessions of their own, so a
+        process-group kill alone would leave them running (a pod's death takes the whole container)."""
+        try:
+            import psutil
+
+            return [c.pid for c in psutil.Process(self.p.pid).children(recursive=True)]
+        except Exception:  # noqa: BLE001 - psutil missing or the launcher already gone
+            return []
+
     def kill_group(self, sig: int = signal.SIGKILL) -> None:
+        """`sig` to the launcher's group and to each of its descendants, by pid."""
+        kids = self.descendants()
         try:
             os.killpg(self.p.pid, sig)
+        except ProcessLookupError:
+            pass
+        for pid in kids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def terminate_launcher(self) -> None:
+        """SIGTERM to the launcher only, as the kubelet does to a container's PID 1; torchrun forwards it."""
+        try:
+            self.p.send_signal(signal.SIGTERM)
         except ProcessLookupError:
             pass
 
@@ -197,7 +229,7 @@ def start_nodes(run: RenderedRun, *, gpu_offset: int = 0, extra_env: dict[str, s
     procs = [Proc(run.node_argv[0], envs[0], run.workdir / f"{log_prefix}node0.log")]
     port = int(run.job_dict["spec"]["distributed"]["rendezvous"]["port"])
     deadline = time.time() + 60
-    while len(run.node_argv) > 1 and not port_in_use(port) and time.time() < deadline and procs[0].poll() is None:
+    while len(run.node_argv) > 1 and not port_listening(port) and time.time() < deadline and procs[0].poll() is None:
         time.sleep(0.5)
     for rank in range(1, len(run.node_argv)):
         procs.append(Proc(run.node_argv[rank], envs[rank], run.workdir / f"{log_prefix}node{rank}.log"))

@@ -106,9 +106,9 @@ def plan_memory() -> list[dict]:
     q = {"spec": {"model": {"quantization": {"quantType": "nf4", "doubleQuant": True, "computeDtype": "bfloat16",
                                              "storageDtype": "bfloat16"}}}}
     return [
-        ours_job("mem_zero3_gc", lv, zero=3, gc=True, steps=6, note="ZeRO-3, checkpointing (the recipe's strategy)"),
-        ours_job("mem_zero2_gc", lv, zero=2, gc=True, steps=6, note="ZeRO-2, checkpointing"),
-        ours_job("mem_ddp_gc", lv, zero=0, gc=True, steps=6, note="DDP, checkpointing"),
+        ours_job("mem_zero3_gc", lv, zero=3, gc=True, steps=4, note="ZeRO-3, checkpointing (the recipe's strategy)"),
+        ours_job("mem_zero2_gc", lv, zero=2, gc=True, steps=4, note="ZeRO-2, checkpointing"),
+        ours_job("mem_ddp_gc", lv, zero=0, gc=True, steps=4, note="DDP, checkpointing"),
         ours_job("mem_zero3_offload_gc", lv, zero=3, gc=True, steps=4, extra={"spec": {"distributed": {
             "deepspeed": {"offloadOptimizer": "cpu"}}}}, note="ZeRO-3 + optimizer offload to CPU, checkpointing"),
         ours_job("mem_qlora_zero3_gc", lv, zero=3, gc=True, steps=4, extra=q, minimum=120, limit=260,
@@ -129,7 +129,24 @@ def plan_cpu_smoke() -> list[dict]:
                      minimum=10, limit=300)]
 
 
-PLANS = {"perf": plan_perf, "memory": plan_memory, "cpu-smoke": plan_cpu_smoke}
+def plan_final() -> list[dict]:
+    """Call 2: the headline comparison (seed, ours, seed, ours), then peak memory of our trainer per strategy on
+    the 8B shape while the tiny-model correctness suite (bench/correctness.py) runs beside it."""
+    final = "varlen,compile,fused_adamw"
+    note = "DDP (planner: auto), no checkpointing, " + final
+    return [
+        seed_job("A_zero3", "zero3"),
+        ours_job("ours_final", final, note=note),
+        seed_job("A_zero3_rep2", "zero3"),
+        ours_job("ours_final_rep2", final, note=note),
+        {"type": "bg_start", "name": "correctness", "argv": [H.PY, str(H.REPO / "bench/correctness.py"),
+                                                             "--budget", "330"]},
+        *[j for j in plan_memory() if j["name"] != "mem_ddp_gc"],
+        {"type": "bg_wait", "name": "correctness"},
+    ]
+
+
+PLANS = {"perf": plan_perf, "final": plan_final, "memory": plan_memory, "cpu-smoke": plan_cpu_smoke}
 
 
 class Runner:
@@ -139,6 +156,7 @@ class Runner:
         self.logf = out / "log.txt"
         self.t0 = time.time()
         self.budget = budget
+        self.bg: dict[str, H.Proc] = {}
 
     def log(self, msg: str) -> None:
         line = f"[{time.strftime('%H:%M:%S')} +{time.time() - self.t0:5.0f}s] {msg}"
@@ -183,6 +201,17 @@ class Runner:
 
     def run_job(self, job: dict) -> None:
         kind, name = job["type"], job["name"]
+        if kind == "bg_start":  # a background command (runs beside the next jobs, e.g. tiny correctness runs)
+            self.log(f"BG START {name}")
+            self.bg[name] = H.Proc(job["argv"], H.base_env(job.get("env")), WORK / name / "bg.log")
+            return
+        if kind == "bg_wait":
+            p = self.bg.pop(name, None)
+            if p is not None:
+                rc = p.wait(max(self.left() - 5, 1))
+                self.log(f"BG END {name} rc={rc}\n{H.tail(p.log_path, 30)}")
+                p.close()
+            return
         left = self.left()
         if left < job.get("min", 60):
             self.log(f"SKIP {name}: {left:.0f}s of budget left, needs {job.get('min', 60)}s")
@@ -241,6 +270,7 @@ def main() -> None:
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
+    os.environ["OUT"] = str(out.resolve())  # background jobs (correctness.py) write there too
     WORK.mkdir(parents=True, exist_ok=True)
     r = Runner(out, a.budget)
     jobs = [j for p in a.plan for j in PLANS[p]()]
