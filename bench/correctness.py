@@ -263,7 +263,7 @@ def main() -> None:
         log(f"start {n}")
         try:
             res = run_resume(out, log, left) if n == "c_zero3_resume" else run_config(n, out, log, left)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             res = {"name": n, "ok": False, "error": f"{type(e).__name__}: {e}"}
         log(f"{n}: ok={res.get('ok')} " + json.dumps({k: v for k, v in res.items()
                                                        if k not in ("tail_node0", "tail_node1", "accelerate_yaml")})[:600])

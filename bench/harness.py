@@ -156,7 +156,7 @@ class Proc:
             import psutil
 
             return [c.pid for c in psutil.Process(self.p.pid).children(recursive=True)]
-        except Exception:  # noqa: BLE001 - psutil missing or the launcher already gone
+        except Exception:
             return []
 
     def kill_group(self, sig: int = signal.SIGKILL) -> None:

@@ -42,7 +42,7 @@ def main() -> int:
     if levers:
         original_load = fm.load_model
 
-        def load_model(cfg, path, tokenizer, *, cuda, zero3):  # noqa: ANN001, ANN202
+        def load_model(cfg, path, tokenizer, *, cuda, zero3):
             model = original_load(cfg, path, tokenizer, cuda=cuda, zero3=zero3)
             info["levers_applied"] = speed.apply_to_model(
                 model, levers, cuda=cuda, packing=cfg.data.packing, quantized=cfg.model.quantization is not None
@@ -52,7 +52,7 @@ def main() -> int:
         fm.load_model = load_model
         original_args = fa.build_sft_config
 
-        def build_sft_config(cfg):  # noqa: ANN001, ANN202
+        def build_sft_config(cfg):
             args = original_args(cfg)
             use_ds = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
             optim = speed.optimizer_name(levers, cuda=cuda, deepspeed=use_ds)
@@ -77,7 +77,7 @@ def main() -> int:
             self.peak_before_train = 0.0
             self.written = False
 
-        def on_train_begin(self, args, state, control, **kw):  # noqa: ANN001, ANN003, ANN201
+        def on_train_begin(self, args, state, control, **kw):
             sync()
             self.train_begin = time.time()
             if cuda:
@@ -85,15 +85,15 @@ def main() -> int:
                 info["mem_at_train_begin_gib"] = torch.cuda.memory_allocated() / 2**30
                 torch.cuda.reset_peak_memory_stats()
 
-        def on_step_begin(self, args, state, control, **kw):  # noqa: ANN001, ANN003, ANN201
+        def on_step_begin(self, args, state, control, **kw):
             sync()
             self.begin.append(time.time())
 
-        def on_step_end(self, args, state, control, **kw):  # noqa: ANN001, ANN003, ANN201
+        def on_step_end(self, args, state, control, **kw):
             sync()
             self.end.append(time.time())
 
-        def on_train_end(self, args, state, control, model=None, **kw):  # noqa: ANN001, ANN003, ANN201
+        def on_train_end(self, args, state, control, model=None, **kw):
             if not self.written:
                 self.written = True
                 write_result(self, state, model)
@@ -103,11 +103,11 @@ def main() -> int:
     shapes: list[dict] = []
 
     class TimedSFTTrainer(trl.SFTTrainer):
-        def __init__(self, *a, callbacks=None, **kw):  # noqa: ANN001, ANN002, ANN003
+        def __init__(self, *a, callbacks=None, **kw):
             super().__init__(*a, callbacks=[*(callbacks or []), timer], **kw)
             info["trainer"] = self
 
-        def training_step(self, model, inputs, *a, **kw):  # noqa: ANN001, ANN002, ANN003, ANN201
+        def training_step(self, model, inputs, *a, **kw):
             ids = inputs.get("input_ids")
             if ids is not None:
                 tokens.append(int(ids.numel()))
@@ -121,7 +121,7 @@ def main() -> int:
 
     trl.SFTTrainer = TimedSFTTrainer
 
-    def write_result(timer: StepTimer, state, model) -> None:  # noqa: ANN001
+    def write_result(timer: StepTimer, state, model) -> None:
         sync()
         rank = int(os.environ.get("RANK", "0"))
         trainer = info.get("trainer")
@@ -160,6 +160,8 @@ def main() -> int:
             iv = [ends[i] - ends[i - 1] for i in range(1, len(ends))]
             return iv[-measure:] if len(iv) >= measure else iv
 
+        if not levers:  # the trainer chose its levers itself (trainer.json `training.speed`)
+            info["levers_applied"] = speed.applied_levers()
         ok = all(len(steady(r)) > 0 for r in gathered)
         step_s = max(statistics.mean(steady(r)) for r in gathered) if ok else None
         tok_step = (

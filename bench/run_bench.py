@@ -250,7 +250,7 @@ class Runner:
                                                       "error": f"rc={codes} (124 = timeout)"})
                 for p in procs:
                     self.log(f"--- tail {p.log_path}\n{H.tail(p.log_path, 25 if any(codes) else 6)}")
-        except Exception as e:  # noqa: BLE001 - record and go on with the next job
+        except Exception as e:
             self.log(f"ERROR {name}: {type(e).__name__}: {e}")
             H.append_jsonl(self.results, {"name": name, "ok": False, "error": f"{type(e).__name__}: {e}"})
         finally:

@@ -54,8 +54,13 @@ def test_per_document_fallback_matches_dense_mask():
 
 def _tiny_llama(attn):
     cfg = transformers.LlamaConfig(
-        vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=256,
+        vocab_size=97,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
     )
     torch.manual_seed(0)
     return transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation=attn, dtype=torch.float32).eval()
@@ -67,14 +72,13 @@ def test_model_with_varlen_matches_dense_packed_mask_and_separate_documents():
     ids = torch.randint(0, 97, (1, sum(lengths)), generator=torch.Generator().manual_seed(1))
     pos = torch.cat([torch.arange(n) for n in lengths]).unsqueeze(0)
     with torch.no_grad():
-        dense = model(input_ids=ids, position_ids=pos, use_cache=False).logits  # transformers builds the block mask itself
+        # transformers builds the dense block-diagonal mask itself from the restarting position_ids
+        dense = model(input_ids=ids, position_ids=pos, use_cache=False).logits
         assert speed.use_varlen_attention(model)
         assert model.config._attn_implementation == speed.VARLEN_ATTENTION
         ours = model(input_ids=ids, position_ids=pos, use_cache=False).logits
         # each document alone gives the same logits: nothing crosses a document boundary
-        alone = torch.cat(
-            [model(input_ids=chunk).logits for chunk in ids.split(lengths, dim=1)], dim=1
-        )
+        alone = torch.cat([model(input_ids=chunk).logits for chunk in ids.split(lengths, dim=1)], dim=1)
     assert (ours - dense).abs().max() < 1e-4
     assert (ours - alone).abs().max() < 1e-4
 

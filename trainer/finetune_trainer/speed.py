@@ -78,13 +78,15 @@ def cu_seqlens_from_position_ids(position_ids: Any) -> tuple[Any, int]:
 
 def _per_document_sdpa(q: Any, k: Any, v: Any, cu: Any, scaling: float | None) -> Any:
     """Exact fallback: causal SDPA on each document. q [T, H, D], k/v [T, Hkv, D] -> [T, H, D]."""
+    import itertools
+
     import torch
-    import torch.nn.functional as F
+    from torch.nn.functional import scaled_dot_product_attention
 
     groups = q.shape[1] // k.shape[1]
     bounds = cu.tolist()
     outs = []
-    for s, e in zip(bounds[:-1], bounds[1:], strict=True):
+    for s, e in itertools.pairwise(bounds):
         if e <= s:
             continue
         qi = q[s:e].transpose(0, 1).unsqueeze(0)
@@ -93,7 +95,7 @@ def _per_document_sdpa(q: Any, k: Any, v: Any, cu: Any, scaling: float | None) -
         if groups > 1:
             ki = ki.repeat_interleave(groups, dim=1)
             vi = vi.repeat_interleave(groups, dim=1)
-        o = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=scaling)
+        o = scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=scaling)
         outs.append(o.squeeze(0).transpose(0, 1))
     return torch.cat(outs, dim=0)
 
@@ -199,7 +201,7 @@ def use_varlen_attention(model: Any) -> bool:
         return False
     try:
         model.set_attn_implementation(name)
-    except Exception:  # noqa: BLE001 - older transformers: set the config directly
+    except Exception:
         model.config._attn_implementation = name
     return True
 
@@ -251,11 +253,18 @@ def apply_to_model(model: Any, levers: set[str], *, cuda: bool, packing: bool, q
         applied.append("compile")
     if applied:
         log.info("speed levers applied: %s", ", ".join(applied))
+    _state["applied"] = sorted({*_state.get("applied", []), *applied})
     return applied
+
+
+def applied_levers() -> list[str]:
+    """What this process applied so far (the benchmark records it)."""
+    return list(_state.get("applied", []))
 
 
 def optimizer_name(levers: set[str], *, cuda: bool, deepspeed: bool) -> str | None:
     """`optim` for SFTConfig: fused AdamW when asked for and the Trainer (not DeepSpeed) steps it."""
     if "fused_adamw" in levers and cuda and not deepspeed:
+        _state["applied"] = sorted({*_state.get("applied", []), "fused_adamw"})
         return "adamw_torch_fused"
     return None
