@@ -86,6 +86,11 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def port_in_use(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
 def write_config(
     run_dir: Path,
     *,

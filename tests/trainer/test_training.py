@@ -14,7 +14,18 @@ import pytest
 
 from tests.fixtures.hub_server import HubServer
 from tests.fixtures.progress_server import ProgressServer
-from tests.trainer.launching import DDP_YAML, ZERO3_YAML, free_port, launch, losses, run, write_config
+from tests.trainer.launching import (
+    DDP_YAML,
+    ZERO3_YAML,
+    Launch,
+    free_port,
+    launch,
+    losses,
+    port_in_use,
+    run,
+    wait_for,
+    write_config,
+)
 
 pytestmark = pytest.mark.trainer
 
@@ -68,6 +79,9 @@ def test_ddp_two_processes_trains_reports_progress_and_pushes(
             output={"hub": {"repo_id": "org/tiny-ddp", "endpoint": hub.endpoint, "strategy": "end"}},
         )
         env = {
+            # The fake Hub is a network endpoint: datasets' offline switch would turn huggingface_hub offline too.
+            "HF_HUB_OFFLINE": "0",
+            "HF_DATASETS_OFFLINE": "0",
             "HF_TOKEN": "hf_ddp_token",
             "FTJOB_PROGRESS_URL": progress.url,
             "FTJOB_PROGRESS_TOKEN_FILE": str(token_file),
@@ -86,21 +100,39 @@ def test_ddp_two_processes_trains_reports_progress_and_pushes(
     assert reports[-1]["output"]["hubRepo"] == "org/tiny-ddp"
 
 
-def test_two_nodes_rendezvous_on_loopback(tmp_path: Path, trainer_env: dict[str, str]) -> None:
+def test_two_nodes_rendezvous_on_loopback_and_merge_under_zero3(
+    tmp_path: Path, trainer_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FTJOB_CACHE", trainer_env["FTJOB_CACHE"])
     config = write_config(
         tmp_path,
-        training={"max_steps": 4, "save_strategy": "no"},
+        training={"max_steps": 4, "save_strategy": "no", "merge_adapter": True},
         distributed={"num_machines": 2, "num_processes": 2, "zero_stage": 3, "use_cpu": True},
     )
     port = free_port()
-    nodes = [
-        launch(config, trainer_env, yaml=ZERO3_YAML, num_processes=2, num_machines=2, machine_rank=rank, port=port,
-               log_name=f"node{rank}.log")
-        for rank in (0, 1)
-    ]  # fmt: skip
+
+    def node(rank: int) -> Launch:
+        return launch(config, trainer_env, yaml=ZERO3_YAML, num_processes=2, num_machines=2, machine_rank=rank,
+                      port=port, log_name=f"node{rank}.log")  # fmt: skip
+
+    # Node 0 first, as the operator's headless Service implies: on one host both agents would "match" the
+    # endpoint's hostname and race to host the c10d store, and accelerate's rank-0 port check then fails.
+    nodes = [node(0)]
+    wait_for(lambda: port_in_use(port), timeout=120, what="node 0's rendezvous store", job=nodes[0])
+    nodes.append(node(1))
     codes = [node.wait(300) for node in nodes]
     assert codes == [0, 0], "\n".join(node.text()[-3000:] for node in nodes)
     assert "2 processes on 2 machines" in nodes[0].text()
-    assert (tmp_path / "checkpoints" / "adapter" / "adapter_model.safetensors").exists()
     state = json.loads((tmp_path / "checkpoints" / "trainer_state.json").read_text())
     assert state["global_step"] == 4
+    assert_adapter_reproduces_probe(tmp_path)
+
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    probe = load_file(str(tmp_path / "probe.safetensors"))
+    merged = AutoModelForCausalLM.from_pretrained(str(tmp_path / "checkpoints" / "merged"), dtype=torch.float32)
+    with torch.no_grad():
+        logits = merged.eval()(input_ids=probe["input_ids"]).logits
+    torch.testing.assert_close(logits, probe["logits"], atol=1e-4, rtol=1e-4)

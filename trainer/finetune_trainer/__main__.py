@@ -46,12 +46,12 @@ def train(config_path: str) -> int:
     args = build_sft_config(cfg)  # before the model: ZeRO-3 shards while loading
 
     from accelerate import PartialState
-    from transformers.integrations import is_deepspeed_zero3_enabled
-    from trl import SFTTrainer
+    from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
+    from trl.trainer.sft_trainer import SFTTrainer
 
     state = PartialState()
     _quiet_replicas(state.is_main_process)
-    zero3 = is_deepspeed_zero3_enabled()
+    zero3 = bool(is_deepspeed_zero3_enabled())  # type: ignore[no-untyped-call]
     log.info(
         "job %s/%s: %d processes on %d machines, %s, ZeRO-3 %s",
         cfg.job.namespace,
@@ -66,7 +66,7 @@ def train(config_path: str) -> int:
     train_ds, eval_ds = load_data(cfg, data_path, tokenizer)
     model = load_model(cfg, model_path, tokenizer, cuda=not on_cpu(cfg), zero3=zero3)
 
-    output = Path(args.output_dir)
+    output = Path(cfg.output.checkpoint_dir)  # = args.output_dir
     resume = prepare_resume(output, is_main=state.is_main_process)
     log.info("resuming from %s" if resume else "fresh start (no complete checkpoint in %s)", resume or output)
     reporter = Reporter()

@@ -62,6 +62,7 @@ def merge_into_base(model: Any, tokenizer: Any, out_dir: Path, *, zero3: bool, i
         from huggingface_hub import save_torch_state_dict
 
         # Not `from_config` + `save_pretrained`: under ZeRO-3 that starts a collective zero.Init on one rank.
+        out_dir.mkdir(parents=True, exist_ok=True)
         save_torch_state_dict(state, out_dir)
         model.get_base_model().config.save_pretrained(out_dir)
         tokenizer.save_pretrained(out_dir)

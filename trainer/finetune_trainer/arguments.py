@@ -15,14 +15,14 @@ from finetune_trainer.config import TrainerConfig
 from finetune_trainer.cpu import on_cpu
 
 if TYPE_CHECKING:
-    from trl import SFTConfig
+    from trl.trainer.sft_config import SFTConfig
 
 log = logging.getLogger(__name__)
 
 
 def build_sft_config(cfg: TrainerConfig) -> SFTConfig:
     """Translate trainer.json into SFTConfig; precision and saving rules are decided here and logged once."""
-    from trl import SFTConfig
+    from trl.trainer.sft_config import SFTConfig
 
     t, d = cfg.training, cfg.data
     cpu = on_cpu(cfg)

@@ -16,6 +16,7 @@ import os
 import random
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from finetune_trainer.templates import CHATML as CHATML_TEMPLATE
@@ -37,7 +38,11 @@ SPECIAL_TOKENS = [
     "<|assistant|>",
     "<|system|>",
 ]
-_OPS = (("plus", lambda a, b: a + b), ("minus", lambda a, b: a - b), ("times", lambda a, b: a * b))
+_OPS: tuple[tuple[str, Callable[[int, int], int]], ...] = (
+    ("plus", lambda a, b: a + b),
+    ("minus", lambda a, b: a - b),
+    ("times", lambda a, b: a * b),
+)
 
 
 def cache_root() -> Path:
@@ -73,14 +78,14 @@ def resolve_dataset(name: str) -> str:
     return str(_build_once(cache_root() / "tiny-chat", _write_tiny_chat))
 
 
-def _build_once(target: Path, write: object) -> Path:
+def _build_once(target: Path, write: Callable[[Path], None]) -> Path:
     """Build into a temp dir next to `target` and rename it into place; losing the race is fine."""
     if (target / ".complete").exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
-        write(tmp)  # type: ignore[operator]
+        write(tmp)
         (tmp / ".complete").write_text("ok\n")
         try:
             os.rename(tmp, target)
@@ -119,7 +124,7 @@ def _write_tiny_chat(out: Path) -> None:
 def _write_tiny_llama(out: Path) -> None:
     """Train a byte-level BPE tokenizer on generated text, then save a randomly initialised tiny Llama."""
     import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
     corpus = [str(r[TEXT_FIELD]) for r in _examples(random.Random(0), 4000)]
@@ -133,7 +138,12 @@ def _write_tiny_llama(out: Path) -> None:
         show_progress=False,
     )
     tok.train_from_iterator(corpus, trainer=trainer)
-    tokenizer = PreTrainedTokenizerFast(
+    # Like Llama's tokenizer: `add_special_tokens=True` prepends BOS (what data.addSpecialTokens switches).
+    bos = tok.token_to_id("<s>")
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos)]
+    )
+    tokenizer = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=tok,
         bos_token="<s>",
         eos_token="</s>",

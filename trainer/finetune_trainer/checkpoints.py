@@ -86,7 +86,7 @@ def _barrier() -> None:
         dist.barrier()
 
 
-class CompletionMarker(TrainerCallback):  # type: ignore[misc]
+class CompletionMarker(TrainerCallback):
     """After every save: wait for all ranks, then mark the checkpoint complete from the main process."""
 
     def on_save(self, args: Any, state: Any, control: Any, **_: Any) -> None:
@@ -97,7 +97,7 @@ class CompletionMarker(TrainerCallback):  # type: ignore[misc]
             log.info("checkpoint %s complete", path.name)
 
 
-class SaveOnSigterm(TrainerCallback):  # type: ignore[misc]
+class SaveOnSigterm(TrainerCallback):
     """SIGTERM → every rank saves at the same step boundary, then training stops."""
 
     def __init__(self) -> None:

@@ -36,5 +36,5 @@ def prepare_cpu_backend(cfg: TrainerConfig) -> None:
         ds_torch_comm = importlib.import_module("deepspeed.comm.torch")
     except ImportError:  # DeepSpeed is optional for ZeRO stage 0
         return
-    ds_torch_comm.build_shm_op = lambda: None
+    ds_torch_comm.build_shm_op = lambda: None  # type: ignore[attr-defined]
     log.debug("DeepSpeed shared-memory allreduce build skipped on CPU; using gloo")

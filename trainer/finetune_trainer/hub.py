@@ -98,7 +98,7 @@ def push(
     ) from last
 
 
-class PushOnSave(TrainerCallback):  # type: ignore[misc]
+class PushOnSave(TrainerCallback):
     """every_save: adapter to the root; checkpoint: + last-checkpoint/; all_checkpoints: checkpoint-N/."""
 
     def __init__(self, hub: HubConfig, token: str) -> None:

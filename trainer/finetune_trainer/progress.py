@@ -106,7 +106,7 @@ def _eta(seconds: float | None) -> str:
     return str(timedelta(seconds=int(seconds))) if seconds is not None else "?"
 
 
-class ProgressCallback(TrainerCallback):  # type: ignore[misc]
+class ProgressCallback(TrainerCallback):
     """Turns Trainer logs into Progress reports, log lines and metrics.jsonl rows (main process only)."""
 
     def __init__(self, reporter: Reporter, metrics_file: Path, *, interval: float = 5.0) -> None:
@@ -119,6 +119,7 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
         self._start_tokens = 0
         self._loss: float | None = None
         self._eval_loss: float | None = None
+        self._lr: float | None = None
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **_: Any) -> None:
         self._start = time.monotonic()
@@ -130,6 +131,7 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
             return
         self._loss = logs.get("loss", self._loss)
         self._eval_loss = logs.get("eval_loss", self._eval_loss)
+        self._lr = logs.get("learning_rate", self._lr)
         progress = self._progress(state, logs)
         with open(self.metrics_file, "a") as f:
             f.write(json.dumps({"step": state.global_step, **logs}) + "\n")
@@ -167,7 +169,7 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
             epoch=state.epoch,
             loss=self._loss,
             eval_loss=self._eval_loss,
-            learning_rate=logs.get("learning_rate"),
+            learning_rate=self._lr,
             tokens_per_second=tokens / elapsed if tokens > 0 else None,
             percent=min(100.0, 100.0 * state.global_step / total) if total else None,
             eta_seconds=max(0.0, eta) if eta is not None else None,

@@ -34,7 +34,7 @@ def quantization_config(cfg: TrainerConfig, *, cuda: bool) -> BitsAndBytesConfig
         )
     from transformers import BitsAndBytesConfig
 
-    return BitsAndBytesConfig(
+    return BitsAndBytesConfig(  # type: ignore[no-untyped-call]
         load_in_4bit=True,
         bnb_4bit_quant_type=q.quant_type,
         bnb_4bit_use_double_quant=q.double_quant,
