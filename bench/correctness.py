@@ -178,7 +178,7 @@ def newest_complete(root: Path) -> tuple[int | None, list[str]]:
 def run_resume(out: Path, log: Any, budget_left: float) -> dict[str, Any]:
     """Kill node 1 mid-training; relaunch both; the run resumes from the newest complete checkpoint."""
     name = "c_zero3_resume"
-    spec = job("c-zero3-resume", zero=3, steps=100, save_steps=10)
+    spec = job("c-zero3-resume", zero=3, steps=60, save_steps=10)
     wd = WORK / name
     run = H.render_job(spec, wd, timed=False)
     ckpt = run.checkpoint_dir
@@ -188,7 +188,7 @@ def run_resume(out: Path, log: Any, budget_left: float) -> dict[str, Any]:
     killed_at = None
     while time.time() - t0 < min(150, budget_left / 2):
         step, _ = newest_complete(ckpt)
-        if step is not None and step >= 30:
+        if step is not None and step >= 20:
             procs[1].kill_group(signal.SIGKILL)  # node 1 lost (pod/node died)
             killed_at = step
             break
@@ -209,7 +209,7 @@ def run_resume(out: Path, log: Any, budget_left: float) -> dict[str, Any]:
     res["expected_resume_step"] = before
     if killed_at is None or before is None:
         res["ok"] = False
-        res["error"] = "node 1 was not killed mid-training (no complete checkpoint >= 30 in time)"
+        res["error"] = "node 1 was not killed mid-training (no complete checkpoint >= 20 in time)"
         res["tail_node0"] = H.tail(wd / "attempt1-node0.log", 30)
         return res
     # attempt 2: the same job (same checkpoint volume), rendered again; a fresh port because this host's old one can

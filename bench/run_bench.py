@@ -139,9 +139,10 @@ def plan_final() -> list[dict]:
         ours_job("ours_final", final, note=note),
         seed_job("A_zero3_rep2", "zero3"),
         ours_job("ours_final_rep2", final, note=note),
-        {"type": "bg_start", "name": "correctness", "argv": [H.PY, str(H.REPO / "bench/correctness.py"),
-                                                             "--budget", "330"]},
-        *[j for j in plan_memory() if j["name"] != "mem_ddp_gc"],
+        {"type": "bg_start", "name": "correctness", "argv": [H.PY, str(H.REPO / "bench/correctness.py")],
+         "pass_budget": True},
+        *[j for j in plan_memory() if j["name"] not in ("mem_ddp_gc", "mem_zero3_offload_gc")],
+        *[j for j in plan_memory() if j["name"] == "mem_zero3_offload_gc"],
         {"type": "bg_wait", "name": "correctness"},
     ]
 
@@ -203,7 +204,8 @@ class Runner:
         kind, name = job["type"], job["name"]
         if kind == "bg_start":  # a background command (runs beside the next jobs, e.g. tiny correctness runs)
             self.log(f"BG START {name}")
-            self.bg[name] = H.Proc(job["argv"], H.base_env(job.get("env")), WORK / name / "bg.log")
+            argv = [*job["argv"], "--budget", str(int(self.left() - 25))] if job.get("pass_budget") else job["argv"]
+            self.bg[name] = H.Proc(argv, H.base_env(job.get("env")), WORK / name / "bg.log")
             return
         if kind == "bg_wait":
             p = self.bg.pop(name, None)
