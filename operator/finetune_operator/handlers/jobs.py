@@ -26,11 +26,15 @@ def _state(memo: kopf.Memo) -> OperatorState:
 @kopf.on.create(*FTJ, id="finetunejob_create")
 @kopf.on.update(*FTJ, id="finetunejob_update")
 @kopf.on.resume(*FTJ, id="finetunejob_resume")
-async def finetunejob_changed(namespace: str | None, name: str, memo: kopf.Memo, **kwargs: Any) -> None:
+async def finetunejob_changed(
+    body: kopf.Body, reason: str, namespace: str | None, name: str, memo: kopf.Memo, **kwargs: Any
+) -> None:
     """The job was created or its spec/labels changed (or the operator restarted): reconcile it."""
     state = _state(memo)
     capture_indexes(state, kwargs)
-    await reconcile_job(state, (str(namespace), name))
+    # A new job's body is as fresh as a re-read would be; later ones may predate our status writes.
+    fresh = dict(body) if reason == kopf.Reason.CREATE else None
+    await reconcile_job(state, (str(namespace), name), fresh)
 
 
 @kopf.on.event("batch", "v1", "jobs", labels=CHILD_LABELS, id="attempt_job_event")
