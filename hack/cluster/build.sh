@@ -3,7 +3,7 @@
 #
 #   hack/cluster/build.sh          etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
 #                                  kubectl, kwok, helm
-#   hack/cluster/build.sh kueue    also Kueue's controller manager (bin/kueue)
+#   hack/cluster/build.sh kueue    also Kueue's controller manager (bin/kueue) and its CRDs (kueue/crds)
 #   hack/cluster/build.sh --print-bin   print the bin directory and exit
 #
 # Binaries land in ${FTJOB_CACHE:-$HOME/.cache/finetune-operator}/controlplane/<versions-key>/bin.
@@ -112,6 +112,19 @@ build_pki() {
   stamp ftjob-pki "$sum"
 }
 
+# Kueue's CRDs (for hack/cluster/kueue-up.sh), copied from the module next to bin/.
+kueue_crds() {
+  local out=$BIN/../kueue/crds src
+  [[ -f $out/.stamp && $(cat "$out/.stamp") == "$KUEUE_VERSION" ]] && return
+  src=$(cd "$BIN" && go mod download -json "sigs.k8s.io/kueue@${KUEUE_VERSION}" |
+    sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+  rm -rf "$out" && mkdir -p "$out"
+  cp "$src"/config/components/crd/bases/*.yaml "$out/"
+  chmod 644 "$out"/*.yaml
+  echo "$KUEUE_VERSION" >"$out/.stamp"
+  log "kueue CRDs in $out"
+}
+
 main() {
   local want_kueue=0 arg t0
   for arg in "$@"; do
@@ -134,6 +147,7 @@ main() {
   go_install helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION" "-X helm.sh/helm/v3/internal/version.version=${HELM_VERSION}"
   if ((want_kueue)); then
     go_install kueue sigs.k8s.io/kueue/cmd/kueue "$KUEUE_VERSION" "-X sigs.k8s.io/kueue/pkg/version.GitVersion=${KUEUE_VERSION}"
+    kueue_crds
   fi
   log "done in $((SECONDS - t0))s; binaries in $BIN"
 }

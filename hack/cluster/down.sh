@@ -9,7 +9,7 @@ set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
 D=${FTJOB_CLUSTER_DIR:-$REPO/.cluster}
-COMPONENTS=(kwok kube-scheduler kube-controller-manager kube-apiserver etcd)
+COMPONENTS=(kueue kwok kube-scheduler kube-controller-manager kube-apiserver etcd)
 
 log() { printf '[down.sh %s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 
