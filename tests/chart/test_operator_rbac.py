@@ -27,6 +27,9 @@ from tests.controlplane.operator.conftest import apply, free_port, ftj, items, w
 from .conftest import Cluster, Helm, wait_until
 
 pytestmark = pytest.mark.controlplane
+# kopf's INFO lines when peering pauses or resumes a replica. With mandatory peering a replica starts
+# paused and says nothing until it resumes, so a replica is active when its last such line is RESUMED.
+PAUSED, RESUMED = "Pausing operations", "Resuming operations"
 FORBIDDEN_MARKS = ("Forbidden", "forbidden", "Not enough permissions")
 
 
@@ -79,61 +82,98 @@ def post_progress(port: int, ca: bytes, namespace: str, name: str, token: str) -
 
 @dataclass
 class ChartOperator:
-    """`ftjob operator` running locally as the chart's ServiceAccount, from the Deployment's command."""
+    """One `ftjob operator` replica running locally as the chart's ServiceAccount, from the Deployment's
+    own command line (so also its random-priority wrapper)."""
 
     release: Any
     secret: dict[str, Any]
     ports: dict[str, int]
     log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
-
-@pytest.fixture
-def chart_operator(install: Any, cluster: Cluster, namespace: str, tmp_path: Path) -> Iterator[ChartOperator]:
-    release = install(namespace, {"watchNamespaces": [namespace]})
-    deployment = json.loads(cluster.kubectl("-n", namespace, "get", "deployment", release.fullname,
-                                            "-o", "json").stdout)
-    secret = json.loads(cluster.kubectl("-n", namespace, "get", "secret", f"{release.fullname}-progress-tls",
-                                        "-o", "json").stdout)
-    ports = {"liveness": free_port(), "progress": free_port(), "metrics": free_port()}
-    command = local_command(deployment, tmp_path, secret, ports)
-    kubeconfig = token_kubeconfig(cluster, namespace, release.fullname, tmp_path / "kubeconfig")
-    assert whoami(cluster, kubeconfig) == release.sa  # the operator below is this ServiceAccount, not admin
-    env = {
-        **os.environ,
-        "KUBECONFIG": str(kubeconfig),
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-        "POD_ID": "chart-test-operator",
-    }
-    op = ChartOperator(release, secret, ports, tmp_path / "operator.log")
-    with op.log_path.open("wb") as log:
-        proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
-
-    def live() -> bool:
-        assert proc.poll() is None, f"operator exited {proc.returncode}:\n{op.log()}"
+    def live(self) -> bool:
+        assert self.proc is not None and self.proc.poll() is None, f"operator exited:\n{self.log()}"
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{ports['liveness']}/healthz", timeout=1) as r:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.ports['liveness']}/healthz", timeout=1) as r:
                 return bool(r.status == 200)
         except OSError:
             return False
 
+    def active(self) -> bool:
+        lines = [line for line in self.log().splitlines() if PAUSED in line or RESUMED in line]
+        return bool(lines) and RESUMED in lines[-1]
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+
+@pytest.fixture
+def chart_operators(
+    install: Any, cluster: Cluster, namespace: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[list[ChartOperator]]:
+    """Replicas of the chart's operator (namespaced mode, peering on), as many as `replicas` values says."""
+    # verbose: kopf logs peering and handler lines at INFO, which the tests read.
+    release = install(namespace, {"watchNamespaces": [namespace], "verbose": True})
+    deployment = json.loads(cluster.kubectl("-n", namespace, "get", "deployment", release.fullname,
+                                            "-o", "json").stdout)
+    secret = json.loads(cluster.kubectl("-n", namespace, "get", "secret", f"{release.fullname}-progress-tls",
+                                        "-o", "json").stdout)
+    kubeconfig = token_kubeconfig(cluster, namespace, release.fullname, tmp_path / "kubeconfig")
+    assert whoami(cluster, kubeconfig) == release.sa  # the operators below are this ServiceAccount, not admin
+    replicas: list[ChartOperator] = []
+    for i in range(deployment["spec"]["replicas"]):
+        ports = {"liveness": free_port(), "progress": free_port(), "metrics": free_port()}
+        workdir = tmp_path / f"replica-{i}"
+        workdir.mkdir()
+        op = ChartOperator(release, secret, ports, workdir / "operator.log")
+        env = {
+            **os.environ,
+            "KUBECONFIG": str(kubeconfig),
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+            "POD_ID": f"chart-test-operator-{i}",
+        }
+        with op.log_path.open("wb") as log:
+            op.proc = subprocess.Popen(local_command(deployment, workdir, secret, ports), env=env, stdout=log,
+                                       stderr=subprocess.STDOUT)
+        replicas.append(op)
     try:
-        wait_until(live, timeout=60, interval=0.2, what="operator liveness")
-        yield op
-        forbidden = [line for line in op.log().splitlines() if any(m in line for m in FORBIDDEN_MARKS)]
-        assert not forbidden, "\n".join(forbidden)
+        for op in replicas:
+            wait_until(op.live, timeout=60, interval=0.2, what="operator liveness")
+        yield replicas
+        report = getattr(request.node, "rep_call", None)
+        if report is not None and report.failed:
+            raise AssertionError("test failed")
+        for op in replicas:
+            forbidden = [line for line in op.log().splitlines() if any(m in line for m in FORBIDDEN_MARKS)]
+            assert not forbidden, "\n".join(forbidden)
     except BaseException:
-        sys.stderr.write(f"\n--- operator log ---\n{op.log()[-20000:]}\n")
+        for op in replicas:
+            sys.stderr.write(f"\n--- operator log {op.log_path.parent.name} ---\n{op.log()[-20000:]}\n")
         raise
     finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        for op in replicas:
+            op.stop()
+
+
+@pytest.fixture
+def chart_operator(chart_operators: list[ChartOperator]) -> ChartOperator:
+    """The active replica (peering keeps the other one paused)."""
+    return active_replica(chart_operators)
+
+
+def active_replica(replicas: list[ChartOperator]) -> ChartOperator:
+    active = wait_until(lambda: [op for op in replicas if op.active()] or None, timeout=30, what="an active replica")
+    assert len(active) == 1, "more than one replica active"
+    return active[0]
 
 
 def whoami(cluster: Cluster, kubeconfig: Path) -> str:
@@ -187,3 +227,23 @@ def test_helm_test_hook_script_drives_a_job_to_succeeded(
                               env=env, capture_output=True, text=True, timeout=180)
         assert proc.returncode == 0, f"run {run}: {proc.stdout}\n{proc.stderr}"
         assert "phase=Succeeded" in proc.stdout, proc.stdout
+
+
+def test_replicas_peer_one_active_one_standby(
+    chart_operators: list[ChartOperator], cluster: Cluster, namespace: str
+) -> None:
+    assert len(chart_operators) == 2  # the chart's default
+    # The random priorities differ, so exactly one replica is active and the other waits.
+    active = active_replica(chart_operators)
+    (standby,) = [op for op in chart_operators if op is not active]
+    peering = json.loads(cluster.kubectl("-n", namespace, "get", "kopfpeering", active.release.fullname,
+                                         "-o", "json").stdout)
+    assert set(peering.get("status", {})) == {"chart-test-operator-0", "chart-test-operator-1"}
+    apply(cluster, namespace, ftj("tiny-cpu", name="demo", run_seconds=1))
+    wait_phase(cluster, namespace, "Succeeded", timeout=60)
+    assert "demo" in active.log() and "demo" not in standby.log() and not standby.active()
+    # The standby takes over when the active one stops (kopf removes itself from the peering on exit).
+    active.stop()
+    wait_until(standby.active, timeout=60, what="the standby to resume")
+    apply(cluster, namespace, ftj("tiny-cpu", name="second", run_seconds=1))
+    wait_phase(cluster, namespace, "Succeeded", name="second", timeout=60)
