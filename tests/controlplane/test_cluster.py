@@ -5,6 +5,7 @@ garbage-collector controllers, and the KWOK contract the operator tests rely on
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import uuid
 from typing import Any
@@ -374,3 +375,83 @@ def test_pods_on_a_deleted_node_are_garbage_collected_and_fail_the_job(
         node.pop("spec", None)
         node["status"] = {k: node["status"][k] for k in ("capacity", "allocatable")}
         apply(cluster, node)
+
+
+@pytest.fixture(scope="session")
+def kueue(cluster: Cluster) -> Any:
+    """Real Kueue (hack/cluster/kueue-up.sh) for the session; skipped when not built."""
+    if not (cluster.bin_dir / "kueue").exists():
+        pytest.skip("kueue not built (run hack/cluster/build.sh kueue)")
+    env = {**os.environ, "FTJOB_CLUSTER_DIR": str(cluster.kubeconfig.parent)}
+    subprocess.run([str(HACK / "kueue-up.sh")], check=True, env=env)
+    yield
+    subprocess.run([str(HACK / "kueue-up.sh"), "--uninstall"], check=False, env=env)
+
+
+def test_kueue_admits_gpu_jobs_one_at_a_time_within_quota(cluster: Cluster, namespace: str, kueue: Any) -> None:
+    cq = f"cq-{namespace}"[:63]
+    objs = [
+        {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor", "metadata": {"name": "ftjob-default"}},
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "ClusterQueue",
+            "metadata": {"name": cq},
+            "spec": {
+                "namespaceSelector": {},
+                "resourceGroups": [
+                    {
+                        "coveredResources": ["cpu", "memory", GPU],
+                        "flavors": [
+                            {
+                                "name": "ftjob-default",
+                                "resources": [
+                                    {"name": "cpu", "nominalQuota": "100"},
+                                    {"name": "memory", "nominalQuota": "1Ti"},
+                                    {"name": GPU, "nominalQuota": "8"},
+                                ],
+                            }
+                        ],
+                    }
+                ],
+            },
+        },
+    ]
+    for obj in objs:
+        apply(cluster, obj)
+    apply(
+        cluster,
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "LocalQueue",
+            "metadata": {"name": "lq"},
+            "spec": {"clusterQueue": cq},
+        },
+        namespace,
+    )
+    try:
+        for name, hold in (("first", "true"), ("second", "false")):
+            job = indexed_job(name, pods=1, gpus=8, annotations={"kwok.finetune.dev/hold": hold})
+            job["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "lq"}
+            apply(cluster, job, namespace)
+
+        def running(name: str) -> bool:
+            return any(p["status"].get("phase") == "Running" for p in pods_of(cluster, namespace, name))
+
+        wait_until(lambda: running("first"), timeout=60, what="first job admitted and Running")
+        # Kueue suspended "second" in its webhook and keeps it so: the quota of 8 GPUs is in use.
+        second = get(cluster, "-n", namespace, "job", "second")
+        assert second["spec"]["suspend"] is True
+        assert not pods_of(cluster, namespace, "second")
+
+        cluster.kubectl("-n", namespace, "annotate", "pods", "-l", "job-name=first", "kwok.finetune.dev/hold-")
+        assert (
+            wait_until(lambda: job_condition(cluster, namespace, "first"), timeout=60, what="first done") == "Complete"
+        )
+        assert (
+            wait_until(lambda: job_condition(cluster, namespace, "second"), timeout=90, what="second done")
+            == "Complete"
+        )
+    finally:
+        cluster.kubectl("-n", namespace, "delete", "jobs", "--all", "--wait=false", check=False)
+        cluster.kubectl("-n", namespace, "delete", "localqueue", "lq", "--wait=false", check=False)
+        cluster.kubectl("delete", "clusterqueue", cq, "--wait=false", check=False)
