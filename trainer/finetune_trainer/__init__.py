@@ -1,1 +1,21 @@
-"""finetune_trainer: what runs in each trainer pod under `accelerate launch` (and under `ftjob run`)."""
+"""finetune_trainer: what runs in each trainer pod under `accelerate launch` (and under `ftjob run`).
+
+`python -m finetune_trainer --config trainer.json` reads top to bottom in `__main__.py`; each step lives in a
+module with one job:
+
+* `loading` — trainer.json → `config.TrainerConfig` (exit 64 naming the field)
+* `builtin` — `builtin:tiny-llama` / `builtin:tiny-chat`, generated locally, nothing downloaded
+* `cpu` — CPU-only quirks (`use_cpu`, DeepSpeed's JIT shm op)
+* `arguments` — TrainerConfig → TRL `SFTConfig` (built before the model, for ZeRO-3 `zero.Init`)
+* `model`, `quantization`, `templates` — tokenizer + chat template, base model, QLoRA (exit 66 unknown model)
+* `data` — dataset splits → `input_ids` (exit 65 bad dataset); TRL packs them padding-free
+* `adapters` — LoRA config; merging under ZeRO-3
+* `checkpoints` — completion markers, resume from the newest complete checkpoint, SIGTERM → checkpoint
+* `progress` — log lines, metrics.jsonl, POSTs to the operator
+* `cards`, `hub` — model card + loss plot, push with retries
+* `probes` — final logits on a fixed text, for tests
+* `errors` — permanent errors and their exit codes
+
+It never imports kopf, kubernetes or the operator's handlers; from the operator it uses only
+`finetune_operator.constants` and `finetune_operator.api.status`.
+"""
