@@ -10,6 +10,8 @@ Order matters for crash safety: the next attempt's Job is created before the fai
 deleted, so the highest attempt seen on the cluster is always the current one.
 """
 
+import hashlib
+import json
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -19,7 +21,9 @@ from finetune_operator.api.resource import FineTuneJob
 from finetune_operator.api.status import TERMINAL_PHASES, FineTuneJobStatus
 from finetune_operator.render import RenderOptions, render_all
 from finetune_operator.render.names import attempt_job_name
-from finetune_operator.status import Observed, StatusResult, Transition, compute_status
+from finetune_operator.status import AttemptObserved, Observed, StatusResult, Transition, compute_status
+
+TEMPLATE_HASH = f"{constants.GROUP}/template-hash"
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,24 @@ def _terminal(job: FineTuneJob, observed: Observed, result: StatusResult, now: d
     )
 
 
+def with_template_hash(attempt_job: dict[str, Any]) -> dict[str, Any]:
+    """The attempt Job annotated with a hash of its spec, to notice a spec edited while suspended."""
+    spec = {k: v for k, v in attempt_job["spec"].items() if k != "suspend"}  # ours to flip, not an edit
+    digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+    meta = attempt_job["metadata"]
+    return {**attempt_job, "metadata": {**meta, "annotations": {**meta.get("annotations", {}), TEMPLATE_HASH: digest}}}
+
+
+def _outdated(current: AttemptObserved, desired: dict[str, Any]) -> bool:
+    """A suspended, unfinished Job rendered from an older spec (the spec may change only while suspended).
+
+    Its pod template is immutable, so it is replaced (same attempt, not a restart) rather than resumed.
+    """
+    want = desired["metadata"]["annotations"][TEMPLATE_HASH]
+    live = current.suspended and not current.finished and not current.deleting
+    return live and current.template_hash is not None and current.template_hash != want
+
+
 def desired_suspend(job: FineTuneJob) -> bool | None:
     """The attempt Job's `spec.suspend`: ours when runPolicy says so; Kueue's when the job is queued."""
     if job.spec.run_policy.suspend:
@@ -97,11 +119,14 @@ def reconcile(job: FineTuneJob, observed: Observed, now: datetime, options: Rend
     if not observed.service:
         apply.append(owned(rendered.service, job))
     current = observed.attempts.get(attempt)
-    create = [owned(rendered.job, job)] if current is None else []
+    attempt_job = with_template_hash(owned(rendered.job, job))
+    create = [attempt_job] if current is None else []
     stale = [a.name for n, a in sorted(observed.attempts.items()) if n < attempt and not a.deleting]
     suspend: dict[str, bool] = {}
     want = desired_suspend(job)
-    if current is not None and not current.finished and want is not None and current.suspended != want:
+    if current is not None and _outdated(current, attempt_job):
+        stale.append(current.name)  # recreated from the edited spec once it is gone
+    elif current is not None and not current.finished and want is not None and current.suspended != want:
         suspend[attempt_job_name(job, attempt)] = want
     requeue = None
     deadline = job.spec.run_policy.active_deadline_seconds

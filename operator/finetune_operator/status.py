@@ -52,6 +52,7 @@ class AttemptObserved:
     failed: bool = False
     failed_reason: str | None = None
     failed_message: str | None = None
+    template_hash: str | None = None
     pods: tuple[PodObserved, ...] = ()
 
     @property

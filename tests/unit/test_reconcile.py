@@ -123,3 +123,33 @@ def test_an_invalid_spec_creates_no_child() -> None:
     body = job_body(name="demo", overrides={"train_batch_size": 7})
     actions = reconcile(FineTuneJob.from_body(body), Observed(), NOW, OPTIONS)
     assert (actions.invalid, actions.apply, actions.create, actions.status.phase) == (True, [], [], "Failed")
+
+
+def _hash_of(job: FineTuneJob) -> str:
+    actions = reconcile(job, seen(children=False), NOW, OPTIONS)
+    return str(actions.create[0]["metadata"]["annotations"]["finetune.dev/template-hash"])
+
+
+def _edited(job: FineTuneJob, section: str, **changes: Any) -> FineTuneJob:
+    part = getattr(job.spec, section).model_copy(update=changes)
+    return job.model_copy(update={"spec": job.spec.model_copy(update={section: part})})
+
+
+def test_a_pod_template_edited_while_suspended_replaces_the_suspended_job() -> None:
+    suspended = seen(AttemptObserved(1, "demo-1", suspended=True, template_hash=_hash_of(ftj())))
+    edited = _edited(ftj(), "template", image="trainer:v2")
+    assert summary(reconcile(edited, suspended, NOW, OPTIONS)) == want(delete=["demo-1"])
+    assert summary(reconcile(ftj(), suspended, NOW, OPTIONS)) == want(suspend={"demo-1": False})
+
+
+def test_a_hyperparameter_edited_while_suspended_only_rewrites_the_config_map() -> None:
+    suspended = seen(AttemptObserved(1, "demo-1", suspended=True, template_hash=_hash_of(ftj())))
+    edited = _edited(ftj(), "training", learning_rate=5e-5)
+    assert summary(reconcile(edited, suspended, NOW, OPTIONS)) == want(apply=["ConfigMap"], suspend={"demo-1": False})
+
+
+def test_suspending_is_not_an_edit() -> None:
+    running_hash = _hash_of(ftj())
+    assert _hash_of(ftj(suspend=True)) == running_hash
+    suspended = seen(AttemptObserved(1, "demo-1", suspended=True, template_hash=running_hash))
+    assert summary(reconcile(ftj(suspend=True), suspended, NOW, OPTIONS)) == want()

@@ -13,6 +13,7 @@ from typing import Any
 import kopf
 
 from finetune_operator import constants
+from finetune_operator.reconcile import TEMPLATE_HASH
 from finetune_operator.status import AttemptObserved, Observed, PodObserved
 
 Key = tuple[str, str]
@@ -80,6 +81,7 @@ def summarize_job(body: Mapping[str, Any]) -> AttemptObserved:
         failed=failed is not None,
         failed_reason=failed.get("reason") if failed else None,
         failed_message=failed.get("message") if failed else None,
+        template_hash=(meta.get("annotations") or {}).get(TEMPLATE_HASH),
     )
 
 

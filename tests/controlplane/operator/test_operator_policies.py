@@ -87,3 +87,26 @@ def test_kueue_admits_a_queued_job(cluster: Cluster, namespace: str, operator: O
         pytest.skip("Kueue is not installed on this control plane (hack/cluster builds it on demand: "
                     "make cluster-build-kueue); the operator's half is covered without it above")
     pytest.skip("Kueue ClusterQueue/LocalQueue setup belongs to the cluster fixture, which does not provide it yet")
+
+
+def test_a_spec_edited_while_suspended_resumes_with_the_new_pod_template(cluster: Cluster, namespace: str,
+                                                                        operator: Operator) -> None:
+    apply(cluster, namespace, ftj("llama-70b-lora-2x8", hold=True))
+    wait_phase(cluster, namespace, "Running", timeout=30)
+    patch_run_policy(cluster, namespace, suspend=True)
+    wait_phase(cluster, namespace, "Suspended", timeout=30)
+    old_uid = get(cluster, namespace, "job", "demo-1")["metadata"]["uid"]
+    edit = {"spec": {"template": {"image": "trainer:v2"}, "training": {"learningRate": 5e-5},
+                     "runPolicy": {"suspend": False}}}
+    cluster.kubectl("-n", namespace, "patch", "finetunejob", "demo", "--type=merge", "-p", json.dumps(edit))
+
+    def replaced() -> dict[str, object] | None:
+        job = get(cluster, namespace, "job", "demo-1")
+        return job if job and job["metadata"]["uid"] != old_uid else None
+
+    job = wait_until(replaced, timeout=30, what="attempt 1's Job recreated from the edited spec")
+    assert job["spec"]["template"]["spec"]["containers"][0]["image"] == "trainer:v2"
+    st = wait_phase(cluster, namespace, "Running", timeout=30)
+    assert (st["attempt"], st["restarts"]) == (1, 0)
+    trainer_json = json.loads(get(cluster, namespace, "configmap", "demo-config")["data"]["trainer.json"])
+    assert "5e-05" in json.dumps(trainer_json)
