@@ -7,6 +7,7 @@ throttling and server errors into `kopf.TemporaryError` so kopf retries them. It
 decisions; it never logs object bodies, tokens or env.
 """
 
+import json
 import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -23,6 +24,18 @@ MERGE_PATCH = "application/merge-patch+json"
 APPLY_PATCH = "application/apply-patch+yaml"
 RETRYABLE = frozenset({409, 429, 500, 502, 503, 504})
 log = logging.getLogger(__name__)
+
+
+class RejectedError(Exception):
+    """The API server refused a child as invalid (400/422): retrying the same spec cannot help."""
+
+
+def _rejected(exc: ApiException, what: str) -> RejectedError:
+    try:
+        detail = json.loads(exc.body or "{}").get("message") or exc.reason
+    except (ValueError, AttributeError):
+        detail = exc.reason
+    return RejectedError(f"the API server rejected {what}: {detail}")
 
 
 def _retry(exc: ApiException, what: str) -> kopf.TemporaryError:
@@ -109,6 +122,8 @@ class Kube:
                 meta["name"], meta["namespace"], obj, field_manager=FIELD_MANAGER, force=True, _content_type=APPLY_PATCH
             )
         except ApiException as exc:
+            if exc.status in (400, 422):
+                raise _rejected(exc, f"{obj['kind']} {meta['name']}") from None
             raise _retry(exc, f"apply {obj['kind']} {meta['name']}") from None
 
     async def create_job(self, obj: dict[str, Any]) -> bool:
@@ -119,6 +134,8 @@ class Kube:
         except ApiException as exc:
             if exc.status == 409:
                 return False
+            if exc.status in (400, 422):
+                raise _rejected(exc, f"Job {meta['name']}") from None
             if exc.status in RETRYABLE:
                 raise _retry(exc, f"create Job {meta['name']}") from None
             raise
@@ -131,6 +148,15 @@ class Kube:
         except ApiException as exc:
             if exc.status != 404:
                 raise _retry(exc, f"delete Job {name}") from None
+
+    async def delete_child(self, kind: str, namespace: str, name: str) -> None:
+        """Delete a ConfigMap or Service (cleanup after a rejected spec); gone already is fine."""
+        call = self.core.delete_namespaced_config_map if kind == "ConfigMap" else self.core.delete_namespaced_service
+        try:
+            await call(name, namespace)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise _retry(exc, f"delete {kind} {name}") from None
 
     async def suspend_job(self, namespace: str, name: str, suspend: bool) -> None:
         """Set the attempt Job's spec.suspend (the Job controller deletes or recreates pods)."""

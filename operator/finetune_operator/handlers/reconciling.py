@@ -21,6 +21,7 @@ from finetune_operator.api.resource import FineTuneJob
 from finetune_operator.api.status import TERMINAL_PHASES, FineTuneJobStatus
 from finetune_operator.handlers import requeue
 from finetune_operator.handlers.indexes import observe
+from finetune_operator.handlers.kube import RejectedError
 from finetune_operator.handlers.state import Key, OperatorState
 from finetune_operator.reconcile import Actions, reconcile
 from finetune_operator.status import Transition
@@ -86,7 +87,12 @@ async def _reconcile_once(state: OperatorState, key: Key, fresh: dict[str, Any] 
                                            ("ftj_jobs", "ftj_pods", "ftj_configmaps", "ftj_services")))
     now = datetime.now(UTC).replace(microsecond=0)
     actions = reconcile(job, observed, now, state.config.render_options())
-    await _apply(state, job, actions)
+    try:
+        await _apply(state, job, actions)
+    except RejectedError as exc:  # e.g. a template toleration the API server refuses: the spec, not luck
+        await _undo(state, job, actions)
+        await _write_invalid(state, body, InvalidSpecError.from_message("spec.template", str(exc)))
+        return True
     await _write_status(state, body, job, actions)
     if actions.delete_self:
         log.info("deleting %s/%s: ttlSecondsAfterFinished passed", *key)
@@ -123,6 +129,14 @@ async def _apply(state: OperatorState, job: FineTuneJob, actions: Actions) -> No
     for name, suspend in actions.suspend_jobs.items():
         log.info("[%s/%s] %s Job %s", job.namespace, job.name, "suspending" if suspend else "resuming", name)
         await state.kube.suspend_job(job.namespace, name, suspend)
+
+
+async def _undo(state: OperatorState, job: FineTuneJob, actions: Actions) -> None:
+    """Remove what this round created, so a rejected spec leaves no half-created children."""
+    for obj in actions.apply:
+        await state.kube.delete_child(obj["kind"], job.namespace, obj["metadata"]["name"])
+    for obj in actions.create:
+        await state.kube.delete_job(job.namespace, obj["metadata"]["name"])
 
 
 async def _write_status(state: OperatorState, body: dict[str, Any], job: FineTuneJob, actions: Actions) -> None:

@@ -83,3 +83,17 @@ def test_deleting_a_job_removes_every_child(cluster: Cluster, namespace: str, op
     wait_until(gone, timeout=60, what="children garbage-collected")
     assert get(cluster, namespace, "finetunejob", "demo") is None
     assert status(cluster, namespace) == {}
+
+
+def test_a_child_the_api_server_rejects_fails_the_job_and_leaves_no_child(cluster: Cluster, namespace: str,
+                                                                         operator: Operator) -> None:
+    body = ftj("tiny-cpu")
+    body["spec"]["template"]["tolerations"] = [{"key": "gpu", "operator": "Sometimes"}]  # free-form to us
+    apply(cluster, namespace, body)
+    st = wait_phase(cluster, namespace, "Failed", timeout=20)
+    assert condition(st, "Failed")["reason"] == "InvalidSpec" and "tolerations" in st["message"]
+
+    def gone() -> bool:
+        return all(items(cluster, namespace, k, CHILD) == [] for k in ("configmaps", "services", "jobs"))
+
+    wait_until(gone, timeout=20, what="half-created children removed")
