@@ -12,7 +12,7 @@ import kopf
 from aiohttp import web
 
 from finetune_operator import constants
-from finetune_operator.handlers import requeue
+from finetune_operator.handlers import peers, requeue
 from finetune_operator.handlers.kube import Kube
 from finetune_operator.handlers.reconciling import reconcile_job
 from finetune_operator.handlers.state import OperatorConfig, OperatorState
@@ -68,7 +68,11 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: ko
         await _serve(build_app(auth, RateLimiter(), state.kube.patch_status), config.progress_port, tls),
         await _serve(build_metrics_app(), config.metrics_port),
     ]
-    state.background.append(asyncio.create_task(requeue.run_wakeups(state, lambda key: reconcile_job(state, key))))
+    async def wake(key: tuple[str, str]) -> None:
+        if await peers.active(state, key[0]):  # kopf pauses handlers in a standby replica, not our task
+            await reconcile_job(state, key)
+
+    state.background.append(asyncio.create_task(requeue.run_wakeups(state, wake)))
     logger.info("progress endpoint on :%s (HTTPS), metrics on :%s", config.progress_port, config.metrics_port)
 
 

@@ -149,6 +149,19 @@ class Kube:
             if exc.status != 404:
                 raise _retry(exc, f"delete Job {name}") from None
 
+    async def get_peering(self, name: str, namespace: str | None) -> dict[str, Any] | None:
+        """kopf's (Cluster)KopfPeering object, or None when it does not exist."""
+        try:
+            if namespace is None:
+                body = await self.custom.get_cluster_custom_object("kopf.dev", "v1", "clusterkopfpeerings", name)
+            else:
+                body = await self.custom.get_namespaced_custom_object("kopf.dev", "v1", namespace, "kopfpeerings", name)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise _retry(exc, f"get peering {name}") from None
+        return dict(body)
+
     async def delete_child(self, kind: str, namespace: str, name: str) -> None:
         """Delete a ConfigMap or Service (cleanup after a rejected spec); gone already is fine."""
         call = self.core.delete_namespaced_config_map if kind == "ConfigMap" else self.core.delete_namespaced_service

@@ -5,6 +5,9 @@ Log format is set here, before kopf starts (a startup handler runs too late for 
 
 import argparse
 import logging
+import os
+import socket
+import uuid
 from urllib.parse import urlparse
 
 import kopf
@@ -25,6 +28,10 @@ def build_config(args: argparse.Namespace) -> OperatorConfig:
         progress_key=args.progress_key,
         progress_hosts=hosts,
         metrics_port=args.metrics_port,
+        peering_name=None if args.standalone else args.peering,
+        priority=args.priority,
+        identity=f"{socket.gethostname()}/{os.getpid()}/{uuid.uuid4().hex[:8]}",
+        clusterwide=args.all_namespaces or not args.namespace,
     )
 
 
@@ -40,13 +47,15 @@ def run_operator(args: argparse.Namespace) -> int:
     import finetune_operator.handlers  # noqa: F401  (registers the handlers)
 
     namespaces = list(args.namespace)
+    config = build_config(args)
     kopf.run(
-        standalone=args.standalone or not args.peering,
-        peering_name=args.peering,
-        priority=args.priority,
+        standalone=config.peering_name is None,
+        peering_name=config.peering_name,
+        priority=config.priority,
+        identity=config.identity,  # type: ignore[arg-type]
         liveness_endpoint=args.liveness or None,
-        clusterwide=args.all_namespaces or not namespaces,
+        clusterwide=config.clusterwide,
         namespaces=namespaces,
-        memo=kopf.Memo(config=build_config(args)),
+        memo=kopf.Memo(config=config),
     )
     return 0

@@ -28,6 +28,10 @@ class OperatorConfig:
     metrics_port: int = 9090
     resync_seconds: float = 60.0
     """Safety-net reconcile period; the hot path is event-driven, this only catches missed events."""
+    peering_name: str | None = None
+    priority: int = 0
+    identity: str = ""
+    clusterwide: bool = True
 
     def render_options(self) -> RenderOptions:
         return RenderOptions(image=self.image, progress_url=self.progress_url)
@@ -45,6 +49,7 @@ class OperatorState:
     """kopf's index views, captured from the first handler call for the wake-up task."""
     wakeups: "asyncio.Queue[tuple[float, Key]]" = field(default_factory=asyncio.Queue)
     background: list["asyncio.Task[Any]"] = field(default_factory=list)
+    peer_cache: dict[str | None, tuple[float, bool]] = field(default_factory=dict)
 
     def lock(self, key: Key) -> asyncio.Lock:
         """One lock per job: reconciles of the same job never interleave in this process."""

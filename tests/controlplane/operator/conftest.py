@@ -67,12 +67,13 @@ class Operator:
     progress_port: int = field(default_factory=free_port)
     metrics_port: int = field(default_factory=free_port)
     liveness_port: int = field(default_factory=free_port)
+    mode: tuple[str, ...] = ("--standalone",)
     proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         """Start it and wait until kopf's liveness endpoint answers (startup handlers done)."""
         args = [
-            str(FTJOB), "operator", "--standalone", "--namespace", self.namespace, "--verbose",
+            str(FTJOB), "operator", *self.mode, "--namespace", self.namespace, "--verbose",
             "--liveness", f"http://127.0.0.1:{self.liveness_port}/healthz",
             "--progress-port", str(self.progress_port), "--metrics-port", str(self.metrics_port),
             "--progress-url", f"https://127.0.0.1:{self.progress_port}",
