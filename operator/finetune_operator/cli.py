@@ -125,6 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
     op.add_argument("--progress-port", type=int, default=8443, help="HTTPS port of the progress endpoint")
     op.add_argument("--progress-cert", default=None, help="TLS certificate file (default: self-signed)")
     op.add_argument("--progress-key", default=None, help="TLS key file (default: self-signed)")
+    op.add_argument("--progress-ca", default=None,
+                    help="CA certificate the trainer pods pin (default: the self-signed cert, if self-signed)")
     op.add_argument("--progress-host", action="append", default=[],
                     help="DNS name or IP in the self-signed certificate (repeatable)")
     op.add_argument("--metrics-port", type=int, default=9090, help="HTTP port of /metrics")

@@ -34,6 +34,7 @@ ADAPTER_SUBDIR: Final = "adapter"
 SHM_MOUNT: Final = "/dev/shm"
 PROGRESS_TOKEN_MOUNT: Final = "/var/run/secrets/finetune.dev/progress"
 PROGRESS_TOKEN_FILE: Final = "token"
+PROGRESS_CA_FILE: Final = "progress-ca.crt"  # in the job's ConfigMap when the operator pins its CA
 
 # Environment given to the trainer container (reserved: users may not set these in template.env).
 ENV_HF_TOKEN: Final = "HF_TOKEN"
@@ -42,6 +43,7 @@ ENV_JOB_NAMESPACE: Final = "FTJOB_NAMESPACE"
 ENV_ATTEMPT: Final = "FTJOB_ATTEMPT"
 ENV_PROGRESS_URL: Final = "FTJOB_PROGRESS_URL"
 ENV_PROGRESS_TOKEN_FILE: Final = "FTJOB_PROGRESS_TOKEN_FILE"
+ENV_PROGRESS_CA_FILE: Final = "FTJOB_PROGRESS_CA_FILE"
 ENV_COMPLETION_INDEX: Final = "JOB_COMPLETION_INDEX"
 RESERVED_ENV_NAMES: Final = frozenset(
     {
@@ -51,6 +53,7 @@ RESERVED_ENV_NAMES: Final = frozenset(
         ENV_ATTEMPT,
         ENV_PROGRESS_URL,
         ENV_PROGRESS_TOKEN_FILE,
+        ENV_PROGRESS_CA_FILE,
         ENV_COMPLETION_INDEX,
         "MASTER_ADDR",
         "MASTER_PORT",

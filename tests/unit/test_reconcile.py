@@ -153,3 +153,14 @@ def test_suspending_is_not_an_edit() -> None:
     assert _hash_of(ftj(suspend=True)) == running_hash
     suspended = seen(AttemptObserved(1, "demo-1", suspended=True, template_hash=running_hash))
     assert summary(reconcile(ftj(suspend=True), suspended, NOW, OPTIONS)) == want()
+
+
+def test_the_progress_url_and_ca_reach_the_pod() -> None:
+    options = RenderOptions(image="trainer:test", progress_url="https://op:8443/v1/namespaces/default/finetunejobs/demo/progress",
+                            progress_ca="-----BEGIN CERTIFICATE-----\n")
+    actions = reconcile(ftj(), seen(children=False), NOW, options)
+    config_map = next(o for o in actions.apply if o["kind"] == "ConfigMap")
+    assert config_map["data"]["progress-ca.crt"].startswith("-----BEGIN")
+    env = {e["name"]: e.get("value") for e in actions.create[0]["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["FTJOB_PROGRESS_CA_FILE"] == "/etc/ftjob/progress-ca.crt"
+    assert env["FTJOB_PROGRESS_URL"].endswith("/finetunejobs/demo/progress")

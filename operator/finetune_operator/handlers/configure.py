@@ -63,7 +63,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: ko
     memo["state"] = state
     auth = Authenticator(review=state.kube.review_token, pod=state.kube.pod_identity)
 
-    tls = server_context(config.progress_cert, config.progress_key, list(config.progress_hosts))
+    tls = server_context(config.progress_cert, config.progress_key)
     memo["runners"] = [
         await _serve(build_app(auth, RateLimiter(), state.kube.patch_status), config.progress_port, tls),
         await _serve(build_metrics_app(), config.metrics_port),

@@ -8,25 +8,30 @@ import logging
 import os
 import socket
 import uuid
+from pathlib import Path
 from urllib.parse import urlparse
 
 import kopf
 
 from finetune_operator import constants
 from finetune_operator.handlers.state import OperatorConfig
+from finetune_operator.progress.tls import ensure_pair
 
 
 def build_config(args: argparse.Namespace) -> OperatorConfig:
     """Flags → the config the handlers read from memo."""
     url_host = urlparse(args.progress_url).hostname if args.progress_url else None
     hosts = tuple(dict.fromkeys([*(args.progress_host or ()), *([url_host] if url_host else []), "localhost"]))
+    cert, key, self_signed = ensure_pair(args.progress_cert, args.progress_key, list(hosts))
+    ca_file = args.progress_ca or (cert if self_signed else None)
     return OperatorConfig(
         image=getattr(args, "image", None) or constants.DEFAULT_TRAINER_IMAGE,
         progress_url=args.progress_url,
         progress_port=args.progress_port,
-        progress_cert=args.progress_cert,
-        progress_key=args.progress_key,
+        progress_cert=cert,
+        progress_key=key,
         progress_hosts=hosts,
+        progress_ca=Path(ca_file).read_text() if ca_file else None,
         metrics_port=args.metrics_port,
         peering_name=None if args.standalone else args.peering,
         priority=args.priority,

@@ -86,7 +86,7 @@ async def _reconcile_once(state: OperatorState, key: Key, fresh: dict[str, Any] 
     observed = observe(job.metadata.uid, *(_entries(state, n, key) for n in
                                            ("ftj_jobs", "ftj_pods", "ftj_configmaps", "ftj_services")))
     now = datetime.now(UTC).replace(microsecond=0)
-    actions = reconcile(job, observed, now, state.config.render_options())
+    actions = reconcile(job, observed, now, state.config.render_options(job.namespace, job.name))
     try:
         await _apply(state, job, actions)
     except RejectedError as exc:  # e.g. a template toleration the API server refuses: the spec, not luck

@@ -25,6 +25,8 @@ class OperatorConfig:
     progress_cert: str | None = None
     progress_key: str | None = None
     progress_hosts: tuple[str, ...] = ()
+    progress_ca: str | None = None
+    """PEM the trainer pins (the self-signed cert, or --progress-ca); None: the system trust store."""
     metrics_port: int = 9090
     resync_seconds: float = 60.0
     """Safety-net reconcile period; the hot path is event-driven, this only catches missed events."""
@@ -33,8 +35,12 @@ class OperatorConfig:
     identity: str = ""
     clusterwide: bool = True
 
-    def render_options(self) -> RenderOptions:
-        return RenderOptions(image=self.image, progress_url=self.progress_url)
+    def render_options(self, namespace: str, name: str) -> RenderOptions:
+        """What this deployment adds to every job: image, and the job's own progress URL and CA."""
+        url = None
+        if self.progress_url:
+            url = f"{self.progress_url.rstrip('/')}/v1/namespaces/{namespace}/finetunejobs/{name}/progress"
+        return RenderOptions(image=self.image, progress_url=url, progress_ca=self.progress_ca)
 
 
 @dataclass

@@ -51,11 +51,18 @@ def self_signed(hosts: list[str], directory: Path) -> tuple[Path, Path]:
     return cert_path, key_path
 
 
-def server_context(cert: str | None, key: str | None, hosts: list[str]) -> ssl.SSLContext:
-    """An SSL context from the given files, or from a fresh self-signed pair."""
+def server_context(cert: str | None, key: str | None) -> ssl.SSLContext:
+    """An SSL context serving the given certificate files."""
     if not (cert and key):
-        cert_path, key_path = self_signed(hosts, Path(tempfile.mkdtemp(prefix="ftjob-progress-tls-")))
-        cert, key = str(cert_path), str(key_path)
+        raise ValueError("the progress endpoint needs a certificate and a key (or let main make a pair)")
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.load_cert_chain(cert, key)
     return context
+
+
+def ensure_pair(cert: str | None, key: str | None, hosts: list[str]) -> tuple[str, str, bool]:
+    """The given cert/key files, or a fresh self-signed pair in a temp dir; True when self-signed."""
+    if cert and key:
+        return cert, key, False
+    cert_path, key_path = self_signed(hosts, Path(tempfile.mkdtemp(prefix="ftjob-progress-tls-")))
+    return str(cert_path), str(key_path), True

@@ -32,6 +32,7 @@ class RenderOptions:
 
     image: str = constants.DEFAULT_TRAINER_IMAGE
     progress_url: str | None = None
+    progress_ca: str | None = None  # PEM the trainer pins for progress_url (put in the ConfigMap)
     attempt: int = 1
     config_dir: str = constants.CONFIG_MOUNT
     checkpoint_dir: str = constants.CHECKPOINT_MOUNT
@@ -102,6 +103,10 @@ def render_all(job: FineTuneJob, options: RenderOptions | None = None) -> Render
     )
     trainer = render_trainer_config(job, plan, topology, checkpoint_dir=options.checkpoint_dir)
     files = render_files(accelerate, deepspeed, trainer)
+    ca_file = None
+    if options.progress_url and options.progress_ca:
+        files[constants.PROGRESS_CA_FILE] = options.progress_ca
+        ca_file = f"{options.config_dir}/{constants.PROGRESS_CA_FILE}"
     command = render_node_command(
         job,
         topology,
@@ -111,7 +116,13 @@ def render_all(job: FineTuneJob, options: RenderOptions | None = None) -> Render
     config_map = render_config_map(job, files)
     service = render_service(job)
     attempt_job = render_job(
-        job, options.attempt, topology, command, image=options.image, progress_url=options.progress_url
+        job,
+        options.attempt,
+        topology,
+        command,
+        image=options.image,
+        progress_url=options.progress_url,
+        progress_ca_file=ca_file,
     )
     return Rendered(
         plan=plan,

@@ -76,7 +76,13 @@ def _resources(job: FineTuneJob) -> dict[str, Any]:
 
 
 def render_pod_template(
-    job: FineTuneJob, attempt: int, command: list[str], *, image: str, progress_url: str | None
+    job: FineTuneJob,
+    attempt: int,
+    command: list[str],
+    *,
+    image: str,
+    progress_url: str | None,
+    progress_ca_file: str | None = None,
 ) -> dict[str, Any]:
     """The trainer pod of one attempt."""
     template = job.spec.template
@@ -102,6 +108,8 @@ def render_pod_template(
             {"name": constants.ENV_PROGRESS_URL, "value": progress_url},
             {"name": constants.ENV_PROGRESS_TOKEN_FILE, "value": token_path},
         ]
+        if progress_ca_file:
+            env.append({"name": constants.ENV_PROGRESS_CA_FILE, "value": progress_ca_file})
         mounts.append(
             {"name": "progress-token", "mountPath": constants.PROGRESS_TOKEN_MOUNT, "readOnly": True}
         )
@@ -165,6 +173,7 @@ def render_job(
     *,
     image: str,
     progress_url: str | None,
+    progress_ca_file: str | None = None,
 ) -> dict[str, Any]:
     """The Indexed Job of one attempt: one pod per node; any pod failure fails the attempt.
 
@@ -202,6 +211,8 @@ def render_job(
                     }
                 ]
             },
-            "template": render_pod_template(job, attempt, command, image=image, progress_url=progress_url),
+            "template": render_pod_template(
+                job, attempt, command, image=image, progress_url=progress_url, progress_ca_file=progress_ca_file
+            ),
         },
     }

@@ -19,9 +19,12 @@ def test_example_runs_to_success_with_the_rendered_children(cluster: Cluster, na
     wait_phase(cluster, namespace, "Running", seen=seen, timeout=30)
     # Children: exactly the rendered ConfigMap, a headless Service and attempt 1's Indexed Job.
     applied = FineTuneJob.from_body({**body, "metadata": {**body["metadata"], "namespace": namespace}})
-    rendered = render_all(applied, RenderOptions(progress_url=f"https://127.0.0.1:{operator.progress_port}"))
     config_map = get(cluster, namespace, "configmap", "demo-config")
+    url = f"https://127.0.0.1:{operator.progress_port}/v1/namespaces/{namespace}/finetunejobs/demo/progress"
+    ca = config_map["data"]["progress-ca.crt"]
+    rendered = render_all(applied, RenderOptions(progress_url=url, progress_ca=ca))
     assert config_map["data"] == rendered.files
+    assert rendered.files.keys() - {"progress-ca.crt"} == render_all(applied).files.keys()  # = ftjob render
     service = get(cluster, namespace, "service", "demo")
     assert (service["spec"]["clusterIP"], service["spec"]["publishNotReadyAddresses"]) == ("None", True)
     (job,) = items(cluster, namespace, "jobs", CHILD)

@@ -6,9 +6,14 @@ import json
 import ssl
 import urllib.error
 import urllib.request
+from pathlib import Path
+
+import pytest
+
+from finetune_operator.api.status import Progress, TrainerReport
 
 from ..conftest import Cluster, wait_until
-from .conftest import Operator, apply, ftj, items, wait_phase
+from .conftest import Operator, apply, ftj, get, items, status, wait_phase
 
 REPORT = {"progress": {"step": 7, "totalSteps": 10, "loss": 1.25, "percent": 70.0, "epoch": 0.7}}
 
@@ -62,3 +67,29 @@ def test_progress_push_is_authenticated_per_job(cluster: Cluster, namespace: str
     assert 'finetune_progress_pushes_total{result="accepted"}' in metrics
     assert 'finetune_progress_pushes_total{result="rate_limited"}' in metrics
     assert 'finetune_progress_pushes_total{result="forbidden"} 1.0' in metrics
+
+
+def test_the_trainers_reporter_reaches_status_with_the_pods_env(cluster: Cluster, namespace: str,
+                                                                operator: Operator, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The contract end to end: the URL and CA the operator renders into the pod, the trainer's own client."""
+    reporter_module = pytest.importorskip("finetune_trainer.progress", reason="trainer extras not installed")
+    apply(cluster, namespace, ftj("tiny-cpu", hold=True))
+    wait_phase(cluster, namespace, "Running", timeout=30)
+    pod = items(cluster, namespace, "pods", "finetune.dev/job-name=demo")[0]
+    env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+    config_map = get(cluster, namespace, "configmap", "demo-config")
+    ca = tmp_path / "ca.crt"
+    ca.write_text(config_map["data"][Path(env["FTJOB_PROGRESS_CA_FILE"]).name])
+    token = tmp_path / "token"
+    token.write_text(pod_token(cluster, namespace, pod["metadata"]["name"], f"finetune.dev/progress/{namespace}/demo"))
+    monkeypatch.setenv("FTJOB_PROGRESS_URL", env["FTJOB_PROGRESS_URL"])
+    monkeypatch.setenv("FTJOB_PROGRESS_TOKEN_FILE", str(token))
+    monkeypatch.setenv("FTJOB_PROGRESS_CA_FILE", str(ca))
+    reporter = reporter_module.Reporter()
+    reporter.submit(TrainerReport(progress=Progress(step=3, total_steps=4, percent=75.0, loss=0.5)))
+    reporter.flush(10)
+    assert not reporter._warned
+    st = wait_until(lambda: (status(cluster, namespace).get("progress") or {}).get("step") == 3
+                    and status(cluster, namespace), timeout=10, what="progress in status")
+    assert st["progress"]["percent"] == 75.0 and "updatedAt" in st["progress"]
