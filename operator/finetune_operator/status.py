@@ -153,7 +153,10 @@ def _verdict(job: FineTuneJob, observed: Observed, now: datetime) -> _Verdict:
         if code is not None:
             return _Verdict("Failed", "PermanentError", message, attempt)
         if attempt - 1 >= policy.backoff_limit:
-            limit = f"backoffLimit {policy.backoff_limit} restart(s) used up"
+            limit = (
+                f"backoffLimit {policy.backoff_limit} restart(s) used up; check the pods' logs "
+                "(kubectl logs -l finetune.dev/job-name=<job>) or raise runPolicy.backoffLimit"
+            )
             return _Verdict(
                 "Failed", "BackoffLimitExceeded", f"attempt {attempt} failed: {message}; {limit}", attempt
             )
@@ -162,7 +165,10 @@ def _verdict(job: FineTuneJob, observed: Observed, now: datetime) -> _Verdict:
         return _Verdict("Restarting", reason, text, attempt + 1)
     deadline = policy.active_deadline_seconds
     if prev.start_time and deadline is not None and now >= prev.start_time + timedelta(seconds=deadline):
-        text = f"ran longer than activeDeadlineSeconds {deadline}; pods stopped"
+        text = (
+            f"ran longer than runPolicy.activeDeadlineSeconds ({deadline} s); pods stopped, checkpoints kept; "
+            "raise the deadline and re-create the job to resume from the last checkpoint"
+        )
         return _Verdict("Failed", "DeadlineExceeded", text, attempt)
     if policy.suspend:
         text = "suspended by runPolicy.suspend: pods deleted, checkpoints kept; set suspend: false to resume"
