@@ -155,7 +155,7 @@ def _verdict(job: FineTuneJob, observed: Observed, now: datetime) -> _Verdict:
         if attempt - 1 >= policy.backoff_limit:
             limit = (
                 f"backoffLimit {policy.backoff_limit} restart(s) used up; check the pods' logs "
-                "(kubectl logs -l finetune.dev/job-name=<job>) or raise runPolicy.backoffLimit"
+                f"(kubectl logs -l finetune.dev/job-name={job.name}) or raise runPolicy.backoffLimit"
             )
             return _Verdict(
                 "Failed", "BackoffLimitExceeded", f"attempt {attempt} failed: {message}; {limit}", attempt
