@@ -119,7 +119,10 @@ def main() -> int:
                     )
             return super().training_step(model, inputs, *a, **kw)
 
-    trl.SFTTrainer = TimedSFTTrainer
+    import trl.trainer.sft_trainer as sft_module
+
+    trl.SFTTrainer = TimedSFTTrainer  # both names the trainer may import it by
+    sft_module.SFTTrainer = TimedSFTTrainer
 
     def write_result(timer: StepTimer, state, model) -> None:
         sync()

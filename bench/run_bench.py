@@ -147,7 +147,22 @@ def plan_final() -> list[dict]:
     ]
 
 
-PLANS = {"perf": plan_perf, "final": plan_final, "memory": plan_memory, "cpu-smoke": plan_cpu_smoke}
+def plan_last() -> list[dict]:
+    """Call 3: what call 2 could not finish (its memory runs lost their timer: the trainer now imports
+    trl.trainer.sft_trainer.SFTTrainer): ZeRO-3 and QLoRA memory on the 8B shape beside the QLoRA and
+    kill-and-resume correctness runs."""
+    mem = {j["name"]: j for j in plan_memory()}
+    return [
+        {"type": "bg_start", "name": "correctness", "argv": [H.PY, str(H.REPO / "bench/correctness.py"), "--only",
+                                                             "c_qlora_zero3,c_zero3_resume"], "pass_budget": True},
+        mem["mem_zero3_gc"],
+        {**mem["mem_qlora_zero3_gc"], "min": 60},
+        mem["mem_zero2_gc"],
+        {"type": "bg_wait", "name": "correctness"},
+    ]
+
+
+PLANS = {"perf": plan_perf, "final": plan_final, "last": plan_last, "memory": plan_memory, "cpu-smoke": plan_cpu_smoke}
 
 
 class Runner:
