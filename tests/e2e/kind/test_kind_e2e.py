@@ -40,17 +40,20 @@ TIMEOUT = float(os.environ.get("FTJOB_KIND_TIMEOUT", "1800"))
 
 
 def missing_prerequisite() -> str | None:
-    """Why this suite cannot run here, or None."""
+    """Why this suite cannot run here (every reason), or None."""
+    reasons = []
     if shutil.which("docker") is None:
-        return "docker is not installed"
+        reasons.append("docker is not installed")
+    else:
+        info = subprocess.run(["docker", "info"], capture_output=True, text=True, timeout=60)
+        if info.returncode != 0:
+            detail = (info.stderr.strip().splitlines() or ["no output"])[-1][:160]
+            reasons.append(f"docker has no working engine (`docker info` failed: {detail})")
     if shutil.which("kind") is None:
-        return "kind is not installed (https://kind.sigs.k8s.io)"
-    info = subprocess.run(["docker", "info"], capture_output=True, text=True, timeout=60)
-    if info.returncode != 0:
-        return f"docker has no working engine (`docker info` failed: {info.stderr.strip()[:200]})"
+        reasons.append("kind is not installed (https://kind.sigs.k8s.io)")
     if not (REPO / "Dockerfile").exists():
-        return "no Dockerfile at the repository root yet"
-    return None
+        reasons.append("no Dockerfile at the repository root")
+    return "; ".join(reasons) or None
 
 
 def tool(name: str) -> str:
