@@ -37,23 +37,10 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _untyped_cel_dropped(node: Any) -> Any:
-    """Workaround: kube-apiserver 1.35 rejects CEL on an untyped preserve-unknown-fields node
-    (spec.adapter.targetModules in the generated CRD); drop just those rules until crd.py is fixed."""
-    if isinstance(node, dict):
-        if node.get("x-kubernetes-preserve-unknown-fields") and "type" not in node:
-            node = {k: v for k, v in node.items() if k != "x-kubernetes-validations"}
-        return {k: _untyped_cel_dropped(v) for k, v in node.items()}
-    if isinstance(node, list):
-        return [_untyped_cel_dropped(v) for v in node]
-    return node
-
-
 @pytest.fixture(scope="session")
 def crd(cluster: Cluster) -> None:
     """The FineTuneJob CRD from crds/finetunejob.yaml, established."""
-    manifest = _untyped_cel_dropped(yaml.safe_load((REPO / "crds" / "finetunejob.yaml").read_text()))
-    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=yaml.safe_dump(manifest))
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds" / "finetunejob.yaml"))
     cluster.kubectl("wait", "--for=condition=Established", "crd/finetunejobs.finetune.dev", "--timeout=30s")
 
 
