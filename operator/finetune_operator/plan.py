@@ -18,6 +18,13 @@ from finetune_operator.api.spec import FineTuneJobSpec, ModelShape
 
 GIB = 1024**3
 CUDA_OVERHEAD_BYTES = 2.5 * GIB  # CUDA context, NCCL buffers, allocator fragmentation
+# Calibrated on 2x H200 (bench/README.md, 2026-11-29; torch 2.11, transformers 5.24, TRL 1.16, DeepSpeed 0.19.8,
+# bitsandbytes 0.50.2, 8B-shaped Llama, LoRA r=8): ZeRO-3's gather/release churn leaves ~2.5 GiB reserved but
+# unallocated in the caching allocator (ZeRO-2/DDP: 0.5-1.3 GiB), and bitsandbytes' 4-bit layers another ~1.4 GiB.
+ZERO3_FRAGMENTATION_BYTES = 1.5 * GIB
+QUANT_FRAGMENTATION_BYTES = 1.5 * GIB
+# DeepSpeed keeps up to stage3_max_live_parameters (default 1e9) gathered parameters resident on each GPU.
+ZERO3_MAX_LIVE_PARAMETERS = 1e9
 FIT_MARGIN = 0.9  # use at most 90% of the GPU
 QUANT_4BIT_BYTES = 0.5 + 0.0625  # 4-bit weights + absmax blocks (double quant makes it ~0.5 + 0.016)
 ADAM_STATE_BYTES = 4 + 4 + 8  # fp32 weight, fp32 grad, two fp32 moments
@@ -231,13 +238,21 @@ def estimate_memory(spec: FineTuneJobSpec, shape: ModelShape, strategy: Strategy
     weight_bytes = QUANT_4BIT_BYTES if quant is not None else compute_bytes
     stage = strategy.zero_stage
 
-    base = shape.num_parameters * weight_bytes
+    if quant is not None:
+        # bitsandbytes quantizes the decoder's linears only: the input embedding and lm_head stay in the storage
+        # dtype (2 x vocab x hidden parameters for an untied head).
+        unquantized = min(2 * shape.vocab_size * h, shape.num_parameters)
+        base = (shape.num_parameters - unquantized) * weight_bytes + unquantized * compute_bytes
+    else:
+        base = shape.num_parameters * weight_bytes
     layer_params = 4 * h * h + 3 * h * inter
     parts: dict[str, float] = {}
     if stage == 3:
         parts["base weights (sharded)"] = 0.0 if strategy.offload_params != "none" else base / gpus
-        # Current layer + prefetched next layer, gathered in the compute dtype.
-        parts["gathered layers"] = 2 * layer_params * compute_bytes
+        # Gathered parameters: DeepSpeed keeps up to stage3_max_live_parameters resident (at least the current and
+        # the prefetched layer), in the weights' own dtype (4-bit packed under QLoRA).
+        live = min(max(ZERO3_MAX_LIVE_PARAMETERS, 2 * layer_params), shape.num_parameters)
+        parts["gathered layers"] = live * weight_bytes
     else:
         parts["base weights"] = base
     lora = lora_parameter_count(spec, shape)
@@ -251,13 +266,23 @@ def estimate_memory(spec: FineTuneJobSpec, shape: ModelShape, strategy: Strategy
     parts["lora weights+grads+adam"] = weights + grads + optimizer
 
     tokens = training.per_device_train_batch_size * spec.dataset.max_seq_len
-    per_layer_full = (8 * h + 4 * inter) * compute_bytes  # every tensor a layer saves for backward, per token
+    # Every tensor a layer saves for backward, per token: the base layer's (8h + 4 inter) plus, with LoRA
+    # dropout, the dropped-out copies of each adapted linear's input (measured: ~1 more intermediate-wide tensor).
+    lora_dropout = spec.adapter.dropout > 0
+    per_layer_full = (8 * h + (5 if lora_dropout else 4) * inter) * compute_bytes
     if training.gradient_checkpointing:
         parts["activations (checkpointed)"] = tokens * (layers * h * compute_bytes + per_layer_full)
     else:
         parts["activations"] = tokens * layers * per_layer_full
-    parts["logits + loss"] = tokens * shape.vocab_size * (compute_bytes + 4)
-    parts["cuda/nccl overhead"] = CUDA_OVERHEAD_BYTES if dist.gpus_per_node else 0.0
+    # TRL 1.16 computes the loss with a chunked, fused LM head: one chunk of logits in the compute dtype is alive
+    # at a time (32768 tokens per chunk), never the fp32 logits of the whole batch.
+    parts["logits + loss"] = min(tokens, 32768) * shape.vocab_size * compute_bytes
+    if dist.gpus_per_node:
+        parts["cuda/nccl overhead"] = CUDA_OVERHEAD_BYTES
+        if stage == 3:
+            parts["zero-3 allocator fragmentation"] = ZERO3_FRAGMENTATION_BYTES
+        if quant is not None:
+            parts["4-bit allocator fragmentation"] = QUANT_FRAGMENTATION_BYTES
     return MemoryEstimate(parts)
 
 
