@@ -49,7 +49,7 @@ def token_kubeconfig(cluster: Cluster, namespace: str, sa: str, path: Path) -> P
 def local_command(deployment: dict[str, Any], tmp: Path, secret: dict[str, Any], ports: dict[str, int]) -> list[str]:
     """The Deployment's container command + args, with local ports and the Secret's files on disk."""
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
-    for key in ("tls.crt", "tls.key"):
+    for key in ("tls.crt", "tls.key", "ca.crt"):
         (tmp / key).write_bytes(base64.b64decode(secret["data"][key]))
     local = {
         "--liveness": f"http://127.0.0.1:{ports['liveness']}/healthz",
@@ -57,6 +57,7 @@ def local_command(deployment: dict[str, Any], tmp: Path, secret: dict[str, Any],
         "--metrics-port": str(ports["metrics"]),
         "--progress-cert": str(tmp / "tls.crt"),
         "--progress-key": str(tmp / "tls.key"),
+        "--progress-ca": str(tmp / "ca.crt"),
     }
     args = [f"{flag}={local[flag]}" if flag in local else arg
             for arg in container["args"] for flag in [arg.split("=", 1)[0]]]

@@ -91,6 +91,7 @@ app.kubernetes.io/part-of: finetune-operator
 - --progress-port={{ .Values.progress.port }}
 - --progress-cert=/etc/finetune-operator/tls/tls.crt
 - --progress-key=/etc/finetune-operator/tls/tls.key
+- --progress-ca=/etc/finetune-operator/tls/ca.crt
 - --metrics-port={{ .Values.metrics.port }}
 {{- if .Values.verbose }}
 - --verbose
