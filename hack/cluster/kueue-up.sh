@@ -78,7 +78,9 @@ log "installing Kueue CRDs and namespace"
 "${KUBECTL[@]}" create namespace kueue-system --dry-run=client -o yaml | "${KUBECTL[@]}" apply -f - >/dev/null
 
 log "starting kueue"
-KUBECONFIG=$D/kubeconfig setsid "$BIN/kueue" --config="$K/config.yaml" \
+# Private mount namespace: see kueue/run-in-private-etc.sh (needs root, as on the CI machine).
+KUBECONFIG=$D/kubeconfig setsid unshare --mount --propagation private \
+  "$HERE/kueue/run-in-private-etc.sh" "$K" "$BIN/kueue" --config="$K/config.yaml" \
   --visibility-server-port="$VIS_PORT" --feature-gates=VisibilityOnDemand=false \
   >"$D/logs/kueue.log" 2>&1 </dev/null &
 echo $! >"$D/pids/kueue.pid"
