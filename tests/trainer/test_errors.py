@@ -64,3 +64,32 @@ def test_invalid_trainer_json_exits_64_naming_the_field(tmp_path: Path, caplog: 
     config.write_text(json.dumps(raw))
     assert run_main(config) == EXIT_INVALID_CONFIG
     assert "training.learning_rate" in caplog.text and "lora.rank" in caplog.text
+
+
+NO_YAML = """\
+compute_environment: LOCAL_MACHINE
+distributed_type: 'NO'
+mixed_precision: 'no'
+use_cpu: true
+num_machines: 1
+num_processes: 1
+machine_rank: 0
+main_training_function: main
+"""
+
+
+def test_launch_wrapper_keeps_exit_65_that_accelerate_launch_turns_into_1(
+    tmp_path: Path, trainer_env: dict[str, str]
+) -> None:
+    import subprocess
+    import sys
+
+    config = write_config(tmp_path, data={"text_field": "nope"})
+    (tmp_path / "accelerate.yaml").write_text(NO_YAML)
+    args = ["--config_file", str(tmp_path / "accelerate.yaml"), "--num_machines", "1", "--num_processes", "1",
+            "-m", "finetune_trainer", "--config", str(config)]  # fmt: skip
+    env = {k: v for k, v in trainer_env.items() if k != "FTJOB_EXIT_FILE"}
+    wrapped = subprocess.run([sys.executable, "-m", "finetune_trainer.launch", *args], env=env, capture_output=True,
+                             text=True, timeout=300)  # fmt: skip
+    assert wrapped.returncode == EXIT_BAD_DATASET, wrapped.stderr[-3000:]
+    assert "data.textField 'nope' is not a column" in wrapped.stderr

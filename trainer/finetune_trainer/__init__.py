@@ -15,6 +15,7 @@ module with one job:
 * `cards`, `hub` — model card + loss plot, push with retries
 * `probes` — final logits on a fixed text, for tests
 * `errors` — permanent errors and their exit codes
+* `launch` — `python -m finetune_trainer.launch <accelerate launch args>`: keeps exit 64/65/66 through accelerate
 
 It never imports kopf, kubernetes or the operator's handlers; from the operator it uses only
 `finetune_operator.constants` and `finetune_operator.api.status`.

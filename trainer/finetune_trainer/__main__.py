@@ -135,9 +135,21 @@ def _quiet_replicas(is_main: bool) -> None:
     log.setLevel(logging.INFO if is_main else logging.WARNING)
 
 
+def _report_permanent(error: PermanentError) -> None:
+    """Leave the exit code where it survives `accelerate launch` (which exits 1 for any worker failure): the
+    file named by FTJOB_EXIT_FILE (read by `finetune_trainer.launch`) and the pod's termination message."""
+    record = json.dumps({"exitCode": error.exit_code, "reason": type(error).__name__, "message": error.message})
+    exit_file = os.environ.get("FTJOB_EXIT_FILE")
+    if exit_file:
+        tmp = Path(f"{exit_file}.{os.getpid()}")
+        with contextlib.suppress(OSError):
+            tmp.write_text(record)
+            os.replace(tmp, exit_file)
+    _termination_message(record)
+
+
 def _termination_message(message: str) -> None:
-    """Kubernetes shows /dev/termination-log in the pod status: `accelerate launch` turns every worker
-    failure into exit 1, so this is where the operator can still read our permanent exit code."""
+    """Kubernetes shows /dev/termination-log in the pod status, where the operator can quote it."""
     path = Path(os.environ.get("FTJOB_TERMINATION_LOG", "/dev/termination-log"))
     if path.parent.is_dir() and (path.exists() or os.environ.get("FTJOB_TERMINATION_LOG")):
         with contextlib.suppress(OSError):
@@ -154,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         return train(ns.config)
     except PermanentError as e:
         log.error("permanent error (exit %d): %s", e.exit_code, e.message)
-        _termination_message(json.dumps({"exitCode": e.exit_code, "reason": type(e).__name__, "message": e.message}))
+        _report_permanent(e)
         return e.exit_code
     except PushFailedError as e:
         log.error("%s", e)
