@@ -14,6 +14,7 @@ import time
 
 T_START = time.time()
 
+import inspect  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import statistics  # noqa: E402
@@ -38,8 +39,10 @@ def main() -> int:
     levers = speed.parse_levers(os.environ.get("FTJOB_SPEED"))
     cuda = torch.cuda.is_available()
     info: dict = {"levers_requested": sorted(levers), "levers_applied": []}
+    # Once the trainer applies speed.resolve_levers itself (which reads FTJOB_SPEED), only record what it did.
+    integrated = "resolve_levers" in inspect.getsource(fm.load_model)
 
-    if levers:
+    if levers and not integrated:
         original_load = fm.load_model
 
         def load_model(cfg, path, tokenizer, *, cuda, zero3):
@@ -163,7 +166,7 @@ def main() -> int:
             iv = [ends[i] - ends[i - 1] for i in range(1, len(ends))]
             return iv[-measure:] if len(iv) >= measure else iv
 
-        if not levers:  # the trainer chose its levers itself (trainer.json `training.speed`)
+        if integrated or not levers:  # the trainer chose its levers itself
             info["levers_applied"] = speed.applied_levers()
         ok = all(len(steady(r)) > 0 for r in gathered)
         step_s = max(statistics.mean(steady(r)) for r in gathered) if ok else None

@@ -198,8 +198,8 @@ class Runner:
         run = H.render_job(job["spec"], wd, timed=True)
         extra = {"FTJOB_BENCH_NAME": job["name"], "FTJOB_BENCH_RESULTS": str(self.results),
                  "FTJOB_BENCH_NOTE": job.get("note", "")}
-        if job.get("levers"):
-            extra["FTJOB_SPEED"] = job["levers"]
+        # explicit levers for every run ("none" for the plain baseline), also once the trainer picks its own
+        extra["FTJOB_SPEED"] = job.get("levers") or "none"
         p = run.plan
         self.log(f"  {job['name']}: plan ZeRO-{p.strategy.zero_stage}/{p.strategy.offload}, estimate "
                  f"{p.estimate.total_gib:.1f} GiB ({p.reason})")
