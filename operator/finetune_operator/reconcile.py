@@ -21,7 +21,14 @@ from finetune_operator.api.resource import FineTuneJob
 from finetune_operator.api.status import TERMINAL_PHASES, FineTuneJobStatus
 from finetune_operator.render import RenderOptions, render_all
 from finetune_operator.render.names import attempt_job_name
-from finetune_operator.status import AttemptObserved, Observed, StatusResult, Transition, compute_status
+from finetune_operator.status import (
+    STUCK_AFTER,
+    AttemptObserved,
+    Observed,
+    StatusResult,
+    Transition,
+    compute_status,
+)
 
 TEMPLATE_HASH = f"{constants.GROUP}/template-hash"
 
@@ -128,10 +135,13 @@ def reconcile(job: FineTuneJob, observed: Observed, now: datetime, options: Rend
         stale.append(current.name)  # recreated from the edited spec once it is gone
     elif current is not None and not current.finished and want is not None and current.suspended != want:
         suspend[attempt_job_name(job, attempt)] = want
-    requeue = None
+    wakeups = []
     deadline = job.spec.run_policy.active_deadline_seconds
     if status.start_time is not None and deadline is not None:
-        requeue = _seconds(status.start_time + timedelta(seconds=deadline) - now)
+        wakeups.append(_seconds(status.start_time + timedelta(seconds=deadline) - now))
+    if current is not None and current.failing_since is not None:
+        wakeups.append(_seconds(current.failing_since + STUCK_AFTER - now))
+    requeue = min(wakeups, default=None)
     return Actions(
         status=status,
         transitions=result.transitions,

@@ -16,6 +16,7 @@ from finetune_operator.api.errors import InvalidSpecError
 from finetune_operator.api.resource import FineTuneJob
 from finetune_operator.api.status import TERMINAL_PHASES, Condition, FineTuneJobStatus, Phase, PlanSummary
 from finetune_operator.render import render_all
+from finetune_operator.render.workload import TERMINATION_GRACE_SECONDS
 
 EXIT_MEANINGS = {
     constants.EXIT_INVALID_CONFIG: "trainer.json does not validate",
@@ -23,6 +24,7 @@ EXIT_MEANINGS = {
     constants.EXIT_UNKNOWN_MODEL: "model id or path does not exist",
 }
 SIGTERM_EXIT = 143
+STUCK_AFTER = timedelta(seconds=TERMINATION_GRACE_SECONDS + 60)
 _EXIT_CODE_RE = re.compile(r"exit code (\d+)")
 _NODE_LOST_REASONS = frozenset({"NodeLost", "Evicted", "DeletionByTaintManager", "TerminationByKubelet"})
 
@@ -53,6 +55,7 @@ class AttemptObserved:
     failed_reason: str | None = None
     failed_message: str | None = None
     template_hash: str | None = None
+    failing_since: datetime | None = None  # the Job's FailureTarget: failed, pods still terminating
     pods: tuple[PodObserved, ...] = ()
 
     @property
@@ -61,7 +64,8 @@ class AttemptObserved:
 
     @property
     def finished(self) -> bool:
-        return self.complete or self.failed
+        """Done, or decided to fail (its pods may still be terminating): never suspended or stopped."""
+        return self.complete or self.failed or self.failing_since is not None
 
 
 @dataclass(frozen=True)
@@ -98,6 +102,20 @@ class _Verdict:
     reason: str
     message: str
     attempt: int
+
+
+def _stuck(attempt: AttemptObserved, now: datetime) -> bool:
+    """Failed for the Job controller, but its pods have not terminated within the grace period.
+
+    Pods on a dead node stay Terminating until the node is gone, and the Job only gets `Failed` once
+    they terminate (kubeflow/trainer#2072): past the trainer's own SIGTERM grace, restart anyway.
+    """
+    return attempt.failing_since is not None and now >= attempt.failing_since + STUCK_AFTER
+
+
+def _permanent_target(attempt: AttemptObserved) -> bool:
+    """A permanent exit code is final at once: nothing new starts, so there is nothing to wait for."""
+    return attempt.failing_since is not None and failure_cause(attempt)[2] is not None
 
 
 def failure_cause(attempt: AttemptObserved) -> tuple[str, str, int | None]:
@@ -148,7 +166,7 @@ def _verdict(job: FineTuneJob, observed: Observed, now: datetime) -> _Verdict:
     current = observed.attempts.get(attempt)
     if current is not None and current.complete:
         return _Verdict("Succeeded", "Completed", f"attempt {attempt} completed on {nodes} node(s)", attempt)
-    if current is not None and current.failed:
+    if current is not None and (current.failed or _stuck(current, now) or _permanent_target(current)):
         reason, message, code = failure_cause(current)
         if code is not None:
             return _Verdict("Failed", "PermanentError", message, attempt)

@@ -79,6 +79,9 @@ CASES = [
     ("a succeeded job past its TTL deletes itself", ftj(ttlSecondsAfterFinished=60,
      status={"phase": "Succeeded", "attempt": 1, "completionTime": "2026-01-01T11:00:00Z"}),
      seen(AttemptObserved(1, "demo-1", complete=True)), want(delete_self=True)),
+    ("a permanently failed attempt is kept for its logs while its pods terminate", ftj(),
+     seen(AttemptObserved(1, "demo-1", failing_since=NOW, pods=(PodObserved("demo-1-0", "Failed", exit_code=65),))),
+     want()),
     ("a failed job is never recreated even with no children left", ftj(status={"phase": "Failed", "attempt": 1}),
      seen(children=False), want()),
 ]

@@ -8,6 +8,7 @@ before any other handler runs, so the first reconcile after a restart already se
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import kopf
@@ -72,6 +73,9 @@ def summarize_job(body: Mapping[str, Any]) -> AttemptObserved:
     meta, spec, status = body["metadata"], body.get("spec") or {}, body.get("status") or {}
     conds = {c.get("type"): c for c in status.get("conditions") or [] if c.get("status") == "True"}
     failed = conds.get("Failed")
+    target = conds.get("FailureTarget")  # decided, but pods are still terminating
+    why = failed or target
+    since = target.get("lastTransitionTime") if target and not failed else None
     return AttemptObserved(
         attempt=int((meta.get("labels") or {}).get(constants.LABEL_ATTEMPT, "0")),
         name=str(meta["name"]),
@@ -79,8 +83,9 @@ def summarize_job(body: Mapping[str, Any]) -> AttemptObserved:
         deleting=bool(meta.get("deletionTimestamp")),
         complete="Complete" in conds,
         failed=failed is not None,
-        failed_reason=failed.get("reason") if failed else None,
-        failed_message=failed.get("message") if failed else None,
+        failed_reason=why.get("reason") if why else None,
+        failed_message=why.get("message") if why else None,
+        failing_since=datetime.fromisoformat(since.replace("Z", "+00:00")) if since else None,
         template_hash=(meta.get("annotations") or {}).get(TEMPLATE_HASH),
     )
 
