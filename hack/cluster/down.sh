@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Stop the local control plane started by up.sh: each process by the pid in
-# .cluster/pids/<name>.pid (never by name), in reverse start order; SIGTERM, then SIGKILL after 10 s.
+# .cluster/pids/<name>.pid (never by name): the apiserver's clients, then kube-apiserver, then
+# etcd; SIGTERM, then SIGKILL after 10 s.
 #
 #   hack/cluster/down.sh            stop; keep .cluster/ (logs, pki, etcd data)
 #   hack/cluster/down.sh --purge    stop and delete .cluster/
@@ -9,29 +10,48 @@ set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
 D=${FTJOB_CLUSTER_DIR:-$REPO/.cluster}
-COMPONENTS=(kueue kwok kube-scheduler kube-controller-manager kube-apiserver etcd)
 
 log() { printf '[down.sh %s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 
-stop() {
-  local name=$1 f=$D/pids/$1.pid pid i
-  [[ -f $f ]] || return 0
+# ours NAME: print the pid from pids/NAME.pid if that process still is the binary we started
+# (pids get reused); drop stale pid files.
+ours() {
+  local f=$D/pids/$1.pid pid
+  [[ -f $f ]] || return 1
   pid=$(cat "$f")
-  # Only signal the process if it still is the binary we started (pids get reused).
   if [[ $pid =~ ^[0-9]+$ ]] && kill -0 "$pid" 2>/dev/null &&
-     [[ $(basename "$(readlink "/proc/$pid/exe" 2>/dev/null || true)") == "$name" ]]; then
-    log "stopping $name (pid $pid)"
-    kill -TERM "$pid" 2>/dev/null || true
-    for ((i = 0; i < 100; i++)); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    if kill -0 "$pid" 2>/dev/null; then
-      log "$name (pid $pid) ignored SIGTERM; sending SIGKILL"
-      kill -KILL "$pid" 2>/dev/null || true
-    fi
+     [[ $(basename "$(readlink "/proc/$pid/exe" 2>/dev/null || true)") == "$1" ]]; then
+    echo "$pid"
+  else
+    rm -f "$f"; return 1
   fi
-  rm -f "$f"
 }
 
-for c in "${COMPONENTS[@]}"; do stop "$c"; done
+stop() {  # stop NAME...: SIGTERM them together, wait up to 10 s, then SIGKILL what is left
+  local name pid i pids=() names=()
+  for name in "$@"; do
+    pid=$(ours "$name") || continue
+    log "stopping $name (pid $pid)"
+    kill -TERM "$pid" 2>/dev/null || true
+    pids+=("$pid"); names+=("$name")
+  done
+  for ((i = 0; i < 100; i++)); do
+    kill -0 "${pids[@]}" 2>/dev/null || break  # true while any is alive
+    sleep 0.1
+  done
+  for i in "${!pids[@]}"; do
+    if kill -0 "${pids[$i]}" 2>/dev/null; then
+      log "${names[$i]} (pid ${pids[$i]}) ignored SIGTERM; sending SIGKILL"
+      kill -KILL "${pids[$i]}" 2>/dev/null || true
+    fi
+    rm -f "$D/pids/${names[$i]}.pid"
+  done
+}
+
+# Clients of the apiserver first (together), then the apiserver, then etcd.
+stop kueue kwok kube-scheduler kube-controller-manager
+stop kube-apiserver
+stop etcd
 if [[ ${1:-} == --purge ]]; then
   log "deleting $D"
   rm -rf "$D"
