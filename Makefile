@@ -37,6 +37,7 @@ run: ## train the tiny example on this machine: ftjob run examples/tiny-cpu.yaml
 
 test: cluster-build ## everything CI runs: lint, unit, trainer (CPU) and control-plane tests
 	$(VENV)/bin/ruff check operator trainer tests
+	$(VENV)/bin/lint-imports
 	PATH="$(VENV)/bin:$$PATH" $(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
 test-unit: ## fast tests only (no cluster, no training)

@@ -40,6 +40,7 @@ class PodObserved:
     reason: str | None = None
     node: str | None = None
     deleting: bool = False
+    detail: str | None = None  # the trainer's own words from its termination message
 
 
 @dataclass(frozen=True)
@@ -125,7 +126,7 @@ def failure_cause(attempt: AttemptObserved) -> tuple[str, str, int | None]:
     failed.sort(key=lambda p: (p.exit_code in (None, SIGTERM_EXIT), p.name))
     for pod in failed:
         if pod.exit_code in constants.EXIT_PERMANENT_CODES:
-            return "PermanentError", _exit_message(pod.name, pod.exit_code), pod.exit_code
+            return "PermanentError", _exit_message(pod.name, pod.exit_code, pod.detail), pod.exit_code
     match = _EXIT_CODE_RE.search(attempt.failed_message or "")
     if attempt.failed_reason == "PodFailurePolicy" and match:
         code = int(match.group(1))
@@ -150,9 +151,10 @@ def _pod_in(message: str) -> str:
     return found.group(1).split("/")[-1] if found else "?"
 
 
-def _exit_message(pod: str, code: int) -> str:
+def _exit_message(pod: str, code: int, detail: str | None = None) -> str:
+    what = detail or EXIT_MEANINGS.get(code, "permanent")
     return (
-        f"trainer in pod {pod} exited with permanent error code {code} ({EXIT_MEANINGS.get(code, 'permanent')}); "
+        f"trainer in pod {pod} exited with permanent error code {code} ({what}); "
         "not retried: fix the spec or the data and re-create the job"
     )
 
@@ -175,9 +177,7 @@ def _verdict(job: FineTuneJob, observed: Observed, now: datetime) -> _Verdict:
                 f"backoffLimit {policy.backoff_limit} restart(s) used up; check the pods' logs "
                 f"(kubectl logs -l finetune.dev/job-name={job.name}) or raise runPolicy.backoffLimit"
             )
-            return _Verdict(
-                "Failed", "BackoffLimitExceeded", f"attempt {attempt} failed: {message}; {limit}", attempt
-            )
+            return _Verdict("Failed", "BackoffLimitExceeded", f"attempt {attempt} failed: {message}; {limit}", attempt)
         restart = f"restart {attempt} of {policy.backoff_limit}"
         text = f"attempt {attempt} failed: {message}; starting attempt {attempt + 1} ({restart})"
         return _Verdict("Restarting", reason, text, attempt + 1)
@@ -193,9 +193,7 @@ def _verdict(job: FineTuneJob, observed: Observed, now: datetime) -> _Verdict:
         return _Verdict("Suspended", "Suspended", text, attempt)
     queue = job.metadata.labels.get(constants.KUEUE_QUEUE_LABEL)
     if queue and (current is None or current.suspended):
-        return _Verdict(
-            "Pending", "WaitingForAdmission", f"waiting for Kueue admission in queue {queue}", attempt
-        )
+        return _Verdict("Pending", "WaitingForAdmission", f"waiting for Kueue admission in queue {queue}", attempt)
     if current is None or current.deleting:
         return _Verdict("Pending", "Creating", f"creating attempt {attempt}", attempt)
     ready = current.ready
@@ -218,9 +216,7 @@ def prev_reason(status: FineTuneJobStatus, ctype: str) -> str:
     return ctype
 
 
-def _set(
-    conditions: list[Condition], ctype: str, status: str, reason: str, message: str, now: datetime
-) -> None:
+def _set(conditions: list[Condition], ctype: str, status: str, reason: str, message: str, now: datetime) -> None:
     """Set one condition in place; the transition time moves only when the status flips."""
     for i, cond in enumerate(conditions):
         if cond.type == ctype:
@@ -234,9 +230,7 @@ def _set(
                 }
             )
             return
-    conditions.append(
-        Condition(type=ctype, status=status, reason=reason, message=message, last_transition_time=now)
-    )
+    conditions.append(Condition(type=ctype, status=status, reason=reason, message=message, last_transition_time=now))
 
 
 def _conditions(prev: FineTuneJobStatus, v: _Verdict, created: bool, now: datetime) -> list[Condition]:

@@ -6,6 +6,7 @@ the index entries of one job into the pure `Observed` that `reconcile` reads. ko
 before any other handler runs, so the first reconcile after a restart already sees every child.
 """
 
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -49,11 +50,13 @@ def summarize_pod(body: Mapping[str, Any]) -> PodObserved:
     """A trainer pod: phase, readiness, the trainer's exit code and why it ended."""
     status = body.get("status") or {}
     ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
-    exit_code, reason = None, status.get("reason")
+    exit_code, reason, detail = None, status.get("reason"), None
     for cs in status.get("containerStatuses") or []:
         terminated = (cs.get("state") or {}).get("terminated")
         if cs.get("name") == constants.TRAINER_CONTAINER and terminated:
             exit_code, reason = terminated.get("exitCode"), reason or terminated.get("reason")
+            trainer_code, detail = trainer_exit(terminated.get("message"))
+            exit_code = trainer_code if trainer_code is not None else exit_code
     for cond in status.get("conditions") or []:
         if cond.get("type") == "DisruptionTarget" and cond.get("status") == "True":
             reason = cond.get("reason") or reason
@@ -65,7 +68,26 @@ def summarize_pod(body: Mapping[str, Any]) -> PodObserved:
         reason=reason,
         node=(body.get("spec") or {}).get("nodeName"),
         deleting=bool(body["metadata"].get("deletionTimestamp")),
+        detail=detail,
     )
+
+
+def trainer_exit(message: str | None) -> tuple[int | None, str | None]:
+    """The trainer's exit code and message from its termination message.
+
+    `accelerate launch` turns any worker failure into exit code 1, so the container's own code cannot
+    say "permanent"; the trainer writes `{"exitCode", "reason", "message"}` to /dev/termination-log.
+    """
+    if not message:
+        return None, None
+    try:
+        data = json.loads(message)
+    except ValueError:
+        return None, None
+    if not isinstance(data, dict) or not isinstance(data.get("exitCode"), int):
+        return None, None
+    text = data.get("message")
+    return data["exitCode"], str(text)[:512] if text else None
 
 
 def summarize_job(body: Mapping[str, Any]) -> AttemptObserved:
@@ -90,8 +112,13 @@ def summarize_job(body: Mapping[str, Any]) -> AttemptObserved:
     )
 
 
-def observe(uid: str | None, jobs: Iterable[Owned], pods: Iterable[Owned], config_maps: Iterable[Owned],
-            services: Iterable[Owned]) -> Observed:
+def observe(
+    uid: str | None,
+    jobs: Iterable[Owned],
+    pods: Iterable[Owned],
+    config_maps: Iterable[Owned],
+    services: Iterable[Owned],
+) -> Observed:
     """Fold one job's index entries into `Observed`, keeping only children this job owns."""
     mine = [j for j in jobs if j.owner_uid == uid]
     by_job: dict[str, list[PodObserved]] = {}
