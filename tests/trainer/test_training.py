@@ -76,7 +76,7 @@ def test_ddp_two_processes_trains_reports_progress_and_pushes(
         config = write_config(
             tmp_path,
             distributed={"num_processes": 2, "zero_stage": 0, "use_cpu": True},
-            output={"hub": {"repo_id": "org/tiny-ddp", "endpoint": hub.endpoint, "strategy": "end"}},
+            output={"hub": {"repo_id": "org/tiny-ddp", "endpoint": hub.endpoint, "strategy": "checkpoint"}},
         )
         env = {
             # The fake Hub is a network endpoint: datasets' offline switch would turn huggingface_hub offline too.
@@ -88,11 +88,15 @@ def test_ddp_two_processes_trains_reports_progress_and_pushes(
         }
         job = run(config, trainer_env, yaml=DDP_YAML, extra_env=env)
         files = set(hub.repos["org/tiny-ddp"].files)
+        commits = list(hub.repos["org/tiny-ddp"].commits)
         reports = list(progress.reports)
     assert "2 processes" in job.text() and "hf_ddp_token" not in job.text()
     assert_loss_went_down(tmp_path)
     assert_adapter_reproduces_probe(tmp_path)
     assert {"adapter_model.safetensors", "adapter_config.json", "README.md", "loss.png"} <= files
+    # strategy "checkpoint": each save pushes the adapter and the resumable checkpoint under last-checkpoint/
+    assert {"last-checkpoint/adapter_model.safetensors", "last-checkpoint/trainer_state.json"} <= files
+    assert commits[0] == "checkpoint at step 4" and commits[-1].endswith("adapter after step 12")
     assert set(progress.tokens) == {"Bearer projected-sa-token"}
     steps = [r["progress"] for r in reports if "progress" in r]
     assert steps[-1]["step"] == steps[-1]["totalSteps"] == 12 and steps[-1]["percent"] == 100
