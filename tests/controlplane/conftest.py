@@ -193,3 +193,14 @@ def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]
         yield name
     finally:
         cluster.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found", check=False)
+
+
+@pytest.fixture(scope="session")
+def kueue(cluster: Cluster) -> Iterator[None]:
+    """Real Kueue (hack/cluster/kueue-up.sh) for the rest of the session; skipped when not built."""
+    if not (cluster.bin_dir / "kueue").exists():
+        pytest.skip("kueue not built (run hack/cluster/build.sh kueue; CI does not, it takes ~30 min)")
+    env = {**os.environ, "FTJOB_CLUSTER_DIR": str(cluster.kubeconfig.parent)}
+    subprocess.run([str(HACK / "kueue-up.sh")], check=True, env=env)
+    yield
+    subprocess.run([str(HACK / "kueue-up.sh"), "--uninstall"], check=False, env=env)

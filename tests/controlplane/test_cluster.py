@@ -5,7 +5,6 @@ garbage-collector controllers, and the KWOK contract the operator tests rely on
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import uuid
 from typing import Any
@@ -375,17 +374,6 @@ def test_pods_on_a_deleted_node_are_garbage_collected_and_fail_the_job(
         node.pop("spec", None)
         node["status"] = {k: node["status"][k] for k in ("capacity", "allocatable")}
         apply(cluster, node)
-
-
-@pytest.fixture(scope="session")
-def kueue(cluster: Cluster) -> Any:
-    """Real Kueue (hack/cluster/kueue-up.sh) for the session; skipped when not built."""
-    if not (cluster.bin_dir / "kueue").exists():
-        pytest.skip("kueue not built (run hack/cluster/build.sh kueue)")
-    env = {**os.environ, "FTJOB_CLUSTER_DIR": str(cluster.kubeconfig.parent)}
-    subprocess.run([str(HACK / "kueue-up.sh")], check=True, env=env)
-    yield
-    subprocess.run([str(HACK / "kueue-up.sh"), "--uninstall"], check=False, env=env)
 
 
 def test_kueue_admits_gpu_jobs_one_at_a_time_within_quota(cluster: Cluster, namespace: str, kueue: Any) -> None:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Any
 
-import pytest
+import yaml
 
 from ..conftest import Cluster, wait_until
-from .conftest import Operator, apply, condition, ftj, get, items, wait_phase
+from .conftest import Operator, apply, condition, ftj, get, items, sleep, status, wait_phase
 
 CHILD = "finetune.dev/job-name=demo"
 
@@ -18,8 +19,7 @@ def patch_run_policy(cluster: Cluster, namespace: str, **fields: object) -> None
     cluster.kubectl("-n", namespace, "patch", "finetunejob", "demo", "--type=merge", "-p", patch)
 
 
-def test_suspend_deletes_pods_and_resume_brings_them_back(cluster: Cluster, namespace: str,
-                                                          operator: Operator) -> None:
+def test_suspend_deletes_pods_and_resume_brings_them_back(cluster: Cluster, namespace: str, operator: Operator) -> None:
     apply(cluster, namespace, ftj("llama-70b-lora-2x8", hold=True, activeDeadlineSeconds=3600))
     first = wait_phase(cluster, namespace, "Running", timeout=30)
     patch_run_policy(cluster, namespace, suspend=True)
@@ -35,8 +35,7 @@ def test_suspend_deletes_pods_and_resume_brings_them_back(cluster: Cluster, name
     assert st["startTime"] > first["startTime"]  # the deadline restarts with the running period
 
 
-def test_active_deadline_fails_the_job_and_stops_its_pods(cluster: Cluster, namespace: str,
-                                                         operator: Operator) -> None:
+def test_active_deadline_fails_the_job_and_stops_its_pods(cluster: Cluster, namespace: str, operator: Operator) -> None:
     apply(cluster, namespace, ftj("llama-70b-lora-2x8", hold=True, activeDeadlineSeconds=3))
     wait_phase(cluster, namespace, "Running", timeout=30)
     st = wait_phase(cluster, namespace, "Failed", timeout=20)
@@ -46,23 +45,24 @@ def test_active_deadline_fails_the_job_and_stops_its_pods(cluster: Cluster, name
     assert items(cluster, namespace, "jobs", CHILD) == []
 
 
-def test_ttl_deletes_the_finished_job_and_nothing_comes_back(cluster: Cluster, namespace: str,
-                                                             operator: Operator) -> None:
+def test_ttl_deletes_the_finished_job_and_nothing_comes_back(
+    cluster: Cluster, namespace: str, operator: Operator
+) -> None:
     apply(cluster, namespace, ftj("tiny-cpu", run_seconds=0.5, ttlSecondsAfterFinished=2))
     wait_phase(cluster, namespace, "Succeeded", timeout=30)
     wait_until(lambda: get(cluster, namespace, "finetunejob", "demo") is None, timeout=20, what="TTL deletion")
-    wait_until(lambda: all(items(cluster, namespace, k, CHILD) == [] for k in ("configmaps", "jobs")),
-               timeout=30, what="children garbage-collected")
+    wait_until(
+        lambda: all(items(cluster, namespace, k, CHILD) == [] for k in ("configmaps", "jobs")),
+        timeout=30,
+        what="children garbage-collected",
+    )
     time.sleep(2)
     assert items(cluster, namespace, "jobs", CHILD) == []
 
 
-def _kueue_installed(cluster: Cluster) -> bool:
-    return cluster.kubectl("get", "crd", "clusterqueues.kueue.x-k8s.io", check=False).returncode == 0
-
-
-def test_a_queued_job_is_created_suspended_and_waits_for_kueue(cluster: Cluster, namespace: str,
-                                                               operator: Operator) -> None:
+def test_a_queued_job_is_created_suspended_and_waits_for_kueue(
+    cluster: Cluster, namespace: str, operator: Operator
+) -> None:
     """Our half of the Kueue contract; needs no Kueue: label propagated, Job suspended, status says why."""
     body = ftj("tiny-cpu", run_seconds=1)
     body["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "team-a"}
@@ -82,22 +82,88 @@ def test_a_queued_job_is_created_suspended_and_waits_for_kueue(cluster: Cluster,
     wait_phase(cluster, namespace, "Succeeded", timeout=30)
 
 
-def test_kueue_admits_a_queued_job(cluster: Cluster, namespace: str, operator: Operator) -> None:
-    if not _kueue_installed(cluster):
-        pytest.skip("Kueue is not installed on this control plane (hack/cluster builds it on demand: "
-                    "make cluster-build-kueue); the operator's half is covered without it above")
-    pytest.skip("Kueue ClusterQueue/LocalQueue setup belongs to the cluster fixture, which does not provide it yet")
+def _queue(cluster: Cluster, namespace: str, gpus: int) -> str:
+    """A ClusterQueue with `gpus` GPUs of quota and a LocalQueue `lq` in the namespace; returns the CQ."""
+    cq = f"cq-{namespace}"[:63]
+    flavor = {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor", "metadata": {"name": "ftjob-default"}}
+    quota = [
+        {"name": "cpu", "nominalQuota": "100"},
+        {"name": "memory", "nominalQuota": "1Ti"},
+        {"name": "nvidia.com/gpu", "nominalQuota": str(gpus)},
+    ]
+    cluster_queue = {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "ClusterQueue",
+        "metadata": {"name": cq},
+        "spec": {
+            "namespaceSelector": {},
+            "resourceGroups": [
+                {
+                    "coveredResources": ["cpu", "memory", "nvidia.com/gpu"],
+                    "flavors": [{"name": "ftjob-default", "resources": quota}],
+                }
+            ],
+        },
+    }
+    for obj in (flavor, cluster_queue):
+        cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(obj))
+    local = {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "LocalQueue",
+        "metadata": {"name": "lq"},
+        "spec": {"clusterQueue": cq},
+    }
+    apply(cluster, namespace, local)
+    return cq
 
 
-def test_a_spec_edited_while_suspended_resumes_with_the_new_pod_template(cluster: Cluster, namespace: str,
-                                                                        operator: Operator) -> None:
+def test_kueue_admits_a_queued_job(cluster: Cluster, namespace: str, operator: Operator, kueue: None) -> None:
+    """Real Kueue, 16 GPUs of quota, two 2 x 8-GPU jobs: the second waits, with no pod, until the first ends."""
+    cq = _queue(cluster, namespace, gpus=16)
+    try:
+        first, second = ftj(name="first", hold=True), ftj(name="second", run_seconds=1)
+        for body in (first, second):
+            body["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "lq"}
+        apply(cluster, namespace, first)
+        wait_phase(cluster, namespace, "Running", name="first", timeout=60)
+        apply(cluster, namespace, second)
+
+        def waiting() -> dict[str, Any] | None:
+            st = status(cluster, namespace, "second")
+            return st if "lq" in str(st.get("message")) else None
+
+        st = wait_until(waiting, timeout=30, what="second job waiting for admission")
+        assert st["phase"] == "Pending" and condition(st, "Suspended")["reason"] == "WaitingForAdmission"
+        sleep(3)  # Kueue has had its chance to admit; the quota is in use by the first job
+        assert get(cluster, namespace, "job", "second-1")["spec"]["suspend"] is True
+        assert items(cluster, namespace, "pods", "finetune.dev/job-name=second") == []
+
+        cluster.kubectl(
+            "-n", namespace, "annotate", "pods", "-l", "finetune.dev/job-name=first", "kwok.finetune.dev/hold-"
+        )
+        wait_phase(cluster, namespace, "Succeeded", name="first", timeout=60)
+        wait_phase(cluster, namespace, "Succeeded", name="second", timeout=90)
+    finally:
+        cluster.kubectl("-n", namespace, "delete", "finetunejobs", "--all", "--wait=false", check=False)
+        cluster.kubectl("-n", namespace, "delete", "localqueue", "lq", "--wait=false", check=False)
+        cluster.kubectl("delete", "clusterqueue", cq, "--wait=false", check=False)
+
+
+def test_a_spec_edited_while_suspended_resumes_with_the_new_pod_template(
+    cluster: Cluster, namespace: str, operator: Operator
+) -> None:
     apply(cluster, namespace, ftj("llama-70b-lora-2x8", hold=True))
     wait_phase(cluster, namespace, "Running", timeout=30)
     patch_run_policy(cluster, namespace, suspend=True)
     wait_phase(cluster, namespace, "Suspended", timeout=30)
     old_uid = get(cluster, namespace, "job", "demo-1")["metadata"]["uid"]
-    edit = {"spec": {"template": {"image": "trainer:v2"}, "training": {"learningRate": 5e-5},
-                     "runPolicy": {"suspend": False}}}
+    edit = {
+        "spec": {
+            "template": {"image": "trainer:v2"},
+            "training": {"learningRate": 5e-5},
+            "runPolicy": {"suspend": False},
+        }
+    }
     cluster.kubectl("-n", namespace, "patch", "finetunejob", "demo", "--type=merge", "-p", json.dumps(edit))
 
     def replaced() -> dict[str, object] | None:
