@@ -117,6 +117,10 @@ def run_locally(job: FineTuneJob, *, workdir: Path | None = None, nodes: int | N
         constants.ENV_ATTEMPT: "1",
         "PYTHONUNBUFFERED": "1",
     }
+    if rendered.topology.num_machines == 1:
+        # One machine: accelerate passes torchrun no endpoint and c10d falls back to localhost:29400,
+        # shared by every run on this host; pin it to this run's port.
+        env["PET_RDZV_ENDPOINT"] = f"127.0.0.1:{rendezvous.port}"
     if rendered.topology.use_cpu:
         env["DS_ACCELERATOR"] = "cpu"
         env.setdefault("OMP_NUM_THREADS", "1")
