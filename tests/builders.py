@@ -48,3 +48,14 @@ def job_body(
 
 def job(**kwargs: Any) -> FineTuneJob:
     return FineTuneJob.from_body(job_body(**kwargs))
+
+
+def with_spec(path: str, value: Any, **kwargs: Any) -> dict[str, Any]:
+    """A manifest from `job_body(**kwargs)` with one spec field (dotted camelCase path) set to `value`."""
+    body = job_body(**kwargs)
+    node = body["spec"]
+    *parents, leaf = path.split(".")
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[leaf] = value
+    return body

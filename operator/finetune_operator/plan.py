@@ -30,10 +30,10 @@ QUANT_4BIT_BYTES = 0.5 + 0.0625  # 4-bit weights + absmax blocks (double quant m
 ADAM_STATE_BYTES = 4 + 4 + 8  # fp32 weight, fp32 grad, two fp32 moments
 BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
-# Known architectures, matched by a lower-case substring of the model name (first match wins).
-KNOWN_SHAPES: list[tuple[str, ModelShape]] = [
+# Known architectures, matched by lower-case substrings of the model name (first match wins).
+KNOWN_SHAPES: list[tuple[tuple[str, ...], ModelShape]] = [
     (
-        "builtin:tiny-llama",
+        ("builtin:tiny-llama",),
         ModelShape(
             num_parameters=206_000,
             hidden_size=64,
@@ -45,7 +45,7 @@ KNOWN_SHAPES: list[tuple[str, ModelShape]] = [
         ),
     ),
     (
-        "llama-3.1-70b",
+        ("llama-3-70b", "llama-3.1-70b", "llama-3.3-70b"),
         ModelShape(
             num_parameters=70_553_706_496,
             hidden_size=8192,
@@ -57,19 +57,7 @@ KNOWN_SHAPES: list[tuple[str, ModelShape]] = [
         ),
     ),
     (
-        "llama-3-70b",
-        ModelShape(
-            num_parameters=70_553_706_496,
-            hidden_size=8192,
-            num_layers=80,
-            intermediate_size=28672,
-            vocab_size=128256,
-            num_attention_heads=64,
-            num_key_value_heads=8,
-        ),
-    ),
-    (
-        "llama-2-70b",
+        ("llama-2-70b",),
         ModelShape(
             num_parameters=68_976_648_192,
             hidden_size=8192,
@@ -81,7 +69,7 @@ KNOWN_SHAPES: list[tuple[str, ModelShape]] = [
         ),
     ),
     (
-        "llama-2-13b",
+        ("llama-2-13b",),
         ModelShape(
             num_parameters=13_015_864_320,
             hidden_size=5120,
@@ -93,7 +81,7 @@ KNOWN_SHAPES: list[tuple[str, ModelShape]] = [
         ),
     ),
     (
-        "llama-3.1-8b",
+        ("llama-3-8b", "llama-3.1-8b"),
         ModelShape(
             num_parameters=8_030_261_248,
             hidden_size=4096,
@@ -105,19 +93,7 @@ KNOWN_SHAPES: list[tuple[str, ModelShape]] = [
         ),
     ),
     (
-        "llama-3-8b",
-        ModelShape(
-            num_parameters=8_030_261_248,
-            hidden_size=4096,
-            num_layers=32,
-            intermediate_size=14336,
-            vocab_size=128256,
-            num_attention_heads=32,
-            num_key_value_heads=8,
-        ),
-    ),
-    (
-        "llama-2-7b",
+        ("llama-2-7b",),
         ModelShape(
             num_parameters=6_738_415_616,
             hidden_size=4096,
@@ -129,7 +105,7 @@ KNOWN_SHAPES: list[tuple[str, ModelShape]] = [
         ),
     ),
     (
-        "mistral-7b",
+        ("mistral-7b",),
         ModelShape(
             num_parameters=7_241_732_096,
             hidden_size=4096,
@@ -204,7 +180,7 @@ def model_shape(spec: FineTuneJobSpec) -> ModelShape | None:
     if spec.model.shape is not None:
         return spec.model.shape
     name = spec.model.name.lower()
-    return next((shape for key, shape in KNOWN_SHAPES if key in name), None)
+    return next((shape for keys, shape in KNOWN_SHAPES if any(key in name for key in keys)), None)
 
 
 def lora_parameter_count(spec: FineTuneJobSpec, shape: ModelShape) -> int:

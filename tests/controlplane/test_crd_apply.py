@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.builders import job_body
+from tests.builders import job_body, with_spec
 from tests.controlplane.conftest import Cluster, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -53,16 +53,6 @@ def test_every_example_applies(crd: None, kubectl: Kubectl, namespace: str, exam
     assert kubectl("get", "ftj", "-n", namespace, "-o", "name").stdout == ""
 
 
-def _with(path: str, value: Any, **kwargs: Any) -> dict[str, Any]:
-    body = job_body(**kwargs)
-    node = body["spec"]
-    *parents, leaf = path.split(".")
-    for part in parents:
-        node = node.setdefault(part, {})
-    node[leaf] = value
-    return body
-
-
 REFUSED = [
     ("offload params without stage 3", job_body(zero=2, offload_params="cpu"), "offloadParams needs zeroStage 3"),
     (
@@ -72,20 +62,20 @@ REFUSED = [
     ),
     (
         "nvme offload without a path",
-        _with("distributed.deepspeed", {"zeroStage": 3, "offloadParams": "nvme"}),
+        with_spec("distributed.deepspeed", {"zeroStage": 3, "offloadParams": "nvme"}),
         "nvmePath is required with nvme offload",
     ),
     ("a zero stage of 4", job_body(zero=4), "zeroStage must be 0, 1, 2, 3 or 'auto'"),
     ("a zero stage that is a word", job_body(zero="most"), "zeroStage must be 0, 1, 2, 3 or 'auto'"),
     ("a name too long for its children", job_body(name="n" * 56), "at most 55 characters"),
-    ("saveStrategy steps without saveSteps", _with("training.saveStrategy", "steps"), "saveSteps is required"),
+    ("saveStrategy steps without saveSteps", with_spec("training.saveStrategy", "steps"), "saveSteps is required"),
     (
         "a cpu job without processesPerNode",
-        _with("distributed", {"gpusPerNode": 0}),
+        with_spec("distributed", {"gpusPerNode": 0}),
         "processesPerNode must be set when gpusPerNode is 0",
     ),
-    ("an unknown enum value", _with("training.mixedPrecision", "fp8"), "Unsupported value"),
-    ("a typo in a field name", _with("training.learningRat", 0.1), "unknown field"),
+    ("an unknown enum value", with_spec("training.mixedPrecision", "fp8"), "Unsupported value"),
+    ("a typo in a field name", with_spec("training.learningRat", 0.1), "unknown field"),
 ]
 
 

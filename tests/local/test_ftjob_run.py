@@ -7,9 +7,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from tests.builders import job
 
 from finetune_operator.local import fit_to_machine
+from tests.builders import job
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -1,9 +1,9 @@
 """The planner: estimates by component and the `auto` choice."""
 
 import pytest
-from tests.builders import job
 
 from finetune_operator.plan import GIB, Strategy, estimate_memory, lora_parameter_count, plan_job
+from tests.builders import job
 
 
 @pytest.mark.parametrize(

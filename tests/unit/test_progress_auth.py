@@ -4,11 +4,11 @@ import asyncio
 from typing import Any
 
 import pytest
-from tests.builders import job
 
 from finetune_operator.progress.auth import POD_NAME_EXTRA, POD_UID_EXTRA, Authenticator, audience
 from finetune_operator.progress.ratelimit import RateLimiter
 from finetune_operator.render.names import progress_audience
+from tests.builders import job
 
 PODS = {
     ("ml", "demo-1-0"): ("uid-a", {"finetune.dev/job-name": "demo"}),

@@ -7,12 +7,12 @@ from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
-from tests.unit.test_progress_auth import FakeApi
 
 from finetune_operator.api.status import Progress, TrainerReport
 from finetune_operator.progress.auth import Authenticator
 from finetune_operator.progress.ratelimit import RateLimiter
 from finetune_operator.progress.server import MAX_BODY_BYTES, build_app, build_metrics_app
+from tests.unit.test_progress_auth import FakeApi
 
 URL = "/v1/namespaces/ml/finetunejobs/demo/progress"
 REPORT = TrainerReport(progress=Progress(step=5, total_steps=10, loss=1.5, percent=50.0)).to_dict(exclude_none=True)

@@ -4,13 +4,13 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from tests.builders import job_body
 
 from finetune_operator.api.resource import FineTuneJob
 from finetune_operator.api.status import FineTuneJobStatus
 from finetune_operator.reconcile import Actions, reconcile
 from finetune_operator.render import RenderOptions, render_all
 from finetune_operator.status import AttemptObserved, Observed, PodObserved
+from tests.builders import job_body
 
 NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 OPTIONS = RenderOptions(image="trainer:test", progress_url="https://op:8443")

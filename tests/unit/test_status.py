@@ -4,11 +4,11 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from tests.builders import job_body
 
 from finetune_operator.api.resource import FineTuneJob
 from finetune_operator.api.status import FineTuneJobStatus
 from finetune_operator.status import AttemptObserved, Observed, PodObserved, compute_status
+from tests.builders import job_body
 
 NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 EARLIER = NOW - timedelta(minutes=10)

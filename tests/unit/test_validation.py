@@ -5,23 +5,12 @@ from typing import Any
 
 import pytest
 import yaml
-from tests.builders import job_body
 
 from finetune_operator.api.errors import InvalidSpecError
 from finetune_operator.api.resource import FineTuneJob
 from finetune_operator.cli import EXIT_INVALID, main
 from finetune_operator.render import render_all
-
-
-def with_spec(path: str, value: Any, **kwargs: Any) -> dict[str, Any]:
-    body = job_body(**kwargs)
-    node = body["spec"]
-    *parents, leaf = path.split(".")
-    for part in parents:
-        node = node.setdefault(part, {})
-    node[leaf] = value
-    return body
-
+from tests.builders import job_body, with_spec
 
 INVALID = [
     (
