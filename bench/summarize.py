@@ -27,6 +27,10 @@ PEAK = 989e12
 
 def load(d: Path) -> tuple[list[dict], dict[str, dict], float | None]:
     rows = [json.loads(x) for x in (d / "results.jsonl").read_text().splitlines() if x.strip()]
+    if (d / "results_from_logs.jsonl").exists():  # ours runs timed from the progress log (call 2)
+        logged = [json.loads(x) for x in (d / "results_from_logs.jsonl").read_text().splitlines() if x.strip()]
+        names = {r["name"] for r in logged}
+        rows = [r for r in rows if r["name"] not in names] + logged
     runs = {}
     if (d / "ours_runs.jsonl").exists():
         for x in (d / "ours_runs.jsonl").read_text().splitlines():
@@ -41,6 +45,8 @@ def load(d: Path) -> tuple[list[dict], dict[str, dict], float | None]:
 
 def peak_device(r: dict) -> float | None:
     used, resv_end = r.get("device_used_at_end_gib"), r.get("reserved_at_end_gib")
+    if "max_mem_reserved_gib" not in r:
+        return None
     if used is None or resv_end is None:
         return None
     return r["max_mem_reserved_gib"] + (used - resv_end)
@@ -60,7 +66,7 @@ def throughput_table(call: str, rows: list[dict], mm: float | None) -> list[str]
         if not gc:
             hfu_f = mfu_f
         tps = r["tokens_per_s_per_gpu"]
-        alloc = max(x["max_mem_alloc_gib"] for x in r["ranks"])
+        alloc = max(x.get("max_mem_alloc_gib", float("nan")) for x in r["ranks"])
         dev = [peak_device(x) for x in r["ranks"]]
         dev_s = f"{max(dev):.1f}" if all(v is not None for v in dev) else "-"
         lev = ",".join(r.get("levers_applied", [])) or ("liger" if r.get("liger") else "-")
@@ -97,6 +103,7 @@ def current_estimates() -> dict[str, float]:
     sys.path[:0] = [str(HERE.parent / "operator"), str(HERE.parent / "trainer"), str(HERE)]
     try:
         import run_bench as rb
+
         from finetune_operator.api.resource import FineTuneJob
         from finetune_operator.plan import plan_job
     except ImportError:
@@ -117,7 +124,7 @@ def memory_table(all_rows: list[tuple[str, dict, dict]]) -> list[str]:
            "|---|---|---|---|---|---|---|---|---|---|---|"]
     for call, r, run in all_rows:
         plan = run.get("plan", {})
-        if not r.get("ok") or not plan:
+        if not r.get("ok") or not plan or r.get("timing"):
             continue
         if call in SHARED_CALLS:
             dev = max(x["max_mem_reserved_gib"] for x in r["ranks"]) + NON_TORCH_GIB

@@ -9,7 +9,7 @@ under ZeRO-3, registers the DeepSpeed config that makes `from_pretrained` shard 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from finetune_trainer.config import TrainerConfig
 from finetune_trainer.cpu import on_cpu
@@ -41,7 +41,15 @@ def build_sft_config(cfg: TrainerConfig) -> SFTConfig:
         )
         save_total_limit = 2
     eval_strategy = t.eval_strategy if len(d.splits) > 1 else "no"
+    from finetune_trainer import speed
+
+    # fused AdamW where the Trainer (not DeepSpeed) steps the optimizer, on CUDA (speed.resolve_levers)
+    optim = speed.optimizer_name(
+        speed.resolve_levers(cfg, cuda=not cpu), cuda=not cpu, deepspeed=cfg.distributed.zero_stage > 0
+    )
+    extra: dict[str, Any] = {"optim": optim} if optim else {}
     return SFTConfig(
+        **extra,
         output_dir=cfg.output.checkpoint_dir,
         use_cpu=cpu,
         bf16=bf16,

@@ -104,4 +104,14 @@ def load_model(cfg: TrainerConfig, path: str, tokenizer: Any, *, cuda: bool, zer
     model.config.use_cache = False  # a KV cache during training also disables packed-sequence masking
     if len(tokenizer) > model.config.vocab_size:  # not the weight's shape: under ZeRO-3 it is partitioned
         model.resize_token_embeddings(len(tokenizer), pad_to_multiple_of=8)
+    # Performance levers (varlen packed attention, torch.compile or Liger kernels), automatic on CUDA only
+    from finetune_trainer import speed
+
+    speed.apply_to_model(
+        model,
+        speed.resolve_levers(cfg, cuda=cuda),
+        cuda=cuda,
+        packing=cfg.data.packing,
+        quantized=cfg.model.quantization is not None,
+    )
     return model

@@ -248,7 +248,7 @@ def apply_liger(model: Any) -> bool:
     if importlib.util.find_spec("liger_kernel") is None:
         log.warning("speed: liger-kernel is not installed; skipping liger kernels")
         return False
-    from liger_kernel.transformers import _apply_liger_kernel_to_instance
+    from liger_kernel.transformers import _apply_liger_kernel_to_instance  # type: ignore[import-not-found]
 
     _apply_liger_kernel_to_instance(
         model=model, rope=True, rms_norm=True, swiglu=True, cross_entropy=False, fused_linear_cross_entropy=False
