@@ -162,7 +162,16 @@ def plan_last() -> list[dict]:
     ]
 
 
-PLANS = {"perf": plan_perf, "final": plan_final, "last": plan_last, "memory": plan_memory, "cpu-smoke": plan_cpu_smoke}
+def plan_integrated() -> list[dict]:
+    """Call 4: the trainer choosing its own levers (speed.resolve_levers inside the trainer, no FTJOB_SPEED),
+    once, beside one seed run: checks that the integrated path is the measured one."""
+    return [
+        ours_job("ours_auto", "auto", note="DDP (planner: auto), no checkpointing, levers chosen by the trainer"),
+        seed_job("A_zero3", "zero3"),
+    ]
+
+
+PLANS = {"integrated": plan_integrated, "perf": plan_perf, "final": plan_final, "last": plan_last, "memory": plan_memory, "cpu-smoke": plan_cpu_smoke}
 
 
 class Runner:
@@ -198,8 +207,9 @@ class Runner:
         run = H.render_job(job["spec"], wd, timed=True)
         extra = {"FTJOB_BENCH_NAME": job["name"], "FTJOB_BENCH_RESULTS": str(self.results),
                  "FTJOB_BENCH_NOTE": job.get("note", "")}
-        # explicit levers for every run ("none" for the plain baseline), also once the trainer picks its own
-        extra["FTJOB_SPEED"] = job.get("levers") or "none"
+        # explicit levers for every run ("none" for the plain baseline); "auto" leaves the choice to the trainer
+        if job.get("levers") != "auto":
+            extra["FTJOB_SPEED"] = job.get("levers") or "none"
         p = run.plan
         self.log(f"  {job['name']}: plan ZeRO-{p.strategy.zero_stage}/{p.strategy.offload}, estimate "
                  f"{p.estimate.total_gib:.1f} GiB ({p.reason})")
