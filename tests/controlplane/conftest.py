@@ -195,9 +195,10 @@ def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]
         cluster.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found", check=False)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def kueue(cluster: Cluster) -> Iterator[None]:
-    """Real Kueue (hack/cluster/kueue-up.sh) for the rest of the session; skipped when not built."""
+    """Real Kueue (hack/cluster/kueue-up.sh) for one test module, uninstalled after it (its Job webhooks
+    fail closed, so other modules must not depend on it running); skipped when not built."""
     if not (cluster.bin_dir / "kueue").exists():
         pytest.skip("kueue not built (run hack/cluster/build.sh kueue; CI does not, it takes ~30 min)")
     env = {**os.environ, "FTJOB_CLUSTER_DIR": str(cluster.kubeconfig.parent)}
