@@ -1,0 +1,439 @@
+#!/usr/bin/env python
+"""Operator benchmark on its own local control plane (hack/cluster) with KWOK fake GPU nodes.
+
+    $HOME/.cache/finetune-operator/venv/bin/python bench/operator/bench_operator.py \
+        --single 50 --burst 10,100
+
+Measures (see bench/operator/README.md for the formulas):
+  (a) single job on an idle cluster: create -> all pods exist, create -> status.phase Running;
+  (b) burst of N two-node FineTuneJobs: create -> every job's pods exist, against a floor (a direct
+      client creating the same ConfigMap/Service/Indexed Job per job from `render_all`), plus the
+      operator's peak RSS, CPU seconds per job and apiserver requests per job.
+Writes bench/operator/results/<utc stamp>.json (and latest.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import Counter
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+HACK = REPO / "hack" / "cluster"
+FTJOB = Path(sys.executable).parent / "ftjob"
+RESULTS = Path(__file__).parent / "results"
+KWOK = "kwok.finetune.dev"
+GROUP, VERSION, PLURAL = "finetune.dev", "v1alpha1", "finetunejobs"
+LABEL = "finetune.dev/job-name"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+# Resources whose requests are background noise of the fake cluster, not of anyone creating jobs.
+NOISE = {"leases", "nodes"}
+
+
+def log(msg: str) -> None:
+    print(f"[bench {datetime.now(timezone.utc):%H:%M:%S}] {msg}", file=sys.stderr, flush=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def pct(values: list[float], q: float) -> float:
+    """Nearest-rank percentile."""
+    s = sorted(values)
+    k = max(0, min(len(s) - 1, int(round(q / 100 * len(s) + 0.5)) - 1))
+    return s[k]
+
+
+class Bench:
+    def __init__(self, cluster_dir: Path, nodes: int) -> None:
+        self.dir = cluster_dir
+        self.nodes = nodes
+        self.env = {**os.environ, "FTJOB_CLUSTER_DIR": str(cluster_dir), "FTJOB_NODES": str(nodes),
+                    "FTJOB_GPUS_PER_NODE": "8", "FTJOB_UP_TIMEOUT": "300"}
+        self.bin = Path(subprocess.run([str(HACK / "build.sh"), "--print-bin"], capture_output=True, text=True,
+                                       check=True).stdout.strip())
+        self.kubeconfig = cluster_dir / "kubeconfig"
+
+    # --- cluster -------------------------------------------------------------------------------
+    def up(self) -> None:
+        log(f"starting cluster in {self.dir} with {self.nodes} KWOK nodes")
+        subprocess.run([str(HACK / "down.sh")], env=self.env, check=False, capture_output=True)
+        subprocess.run([str(HACK / "up.sh")], env=self.env, check=True)
+        from kubernetes import client, config
+
+        self.api = config.new_client_from_config(config_file=str(self.kubeconfig))
+        self.api.configuration.connection_pool_maxsize = 32
+        self.core = client.CoreV1Api(self.api)
+        self.batch = client.BatchV1Api(self.api)
+        self.custom = client.CustomObjectsApi(self.api)
+        self.kubectl("apply", "--server-side", "-f", str(REPO / "crds" / "finetunejob.yaml"))
+        self.kubectl("wait", "--for=condition=Established", "crd/finetunejobs.finetune.dev", "--timeout=60s")
+        # wait until all nodes are Ready (KWOK)
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            nodes = self.core.list_node().items
+            ready = sum(1 for n in nodes for c in (n.status.conditions or []) if c.type == "Ready" and c.status == "True")
+            if ready >= self.nodes:
+                break
+            time.sleep(1)
+        log(f"cluster ready: {ready} Ready nodes")
+
+    def down(self) -> None:
+        subprocess.run([str(HACK / "down.sh")], env=self.env, check=False)
+
+    def kubectl(self, *args: str, input: str | None = None) -> str:
+        cmd = [str(self.bin / "kubectl"), "--kubeconfig", str(self.kubeconfig), *args]
+        return subprocess.run(cmd, input=input, capture_output=True, text=True, check=True).stdout
+
+    def namespace(self, name: str) -> str:
+        from kubernetes import client
+
+        self.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                self.core.read_namespaced_service_account("default", name)
+                return name
+            except Exception:
+                time.sleep(0.2)
+        raise RuntimeError(f"no default ServiceAccount in {name}")
+
+    def delete_namespace(self, name: str, wait: float = 180) -> None:
+        self.core.delete_namespace(name)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            try:
+                self.core.read_namespace(name)
+                time.sleep(1)
+            except Exception:
+                return
+        log(f"namespace {name} still terminating after {wait:.0f}s")
+
+    def request_counts(self) -> Counter[tuple[str, str]]:
+        """apiserver_request_total summed per (verb, resource)."""
+        text = self.kubectl("get", "--raw", "/metrics")
+        out: Counter[tuple[str, str]] = Counter()
+        for line in text.splitlines():
+            if not line.startswith("apiserver_request_total{"):
+                continue
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}")[0]))
+            out[(labels.get("verb", ""), labels.get("resource", ""))] += float(line.rsplit(" ", 1)[1])
+        return out
+
+    # --- operator ------------------------------------------------------------------------------
+    def start_operator(self, ns: str, log_path: Path) -> subprocess.Popen[bytes]:
+        progress = free_port()
+        live = free_port()
+        args = [str(FTJOB), "operator", "--standalone", "--namespace", ns,
+                "--liveness", f"http://127.0.0.1:{live}/healthz", "--progress-port", str(progress),
+                "--metrics-port", str(free_port()), "--progress-url", f"https://127.0.0.1:{progress}"]
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
+        proc = subprocess.Popen(args, env=env, stdout=log_path.open("ab"), stderr=subprocess.STDOUT)
+        import urllib.request
+
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"operator exited {proc.returncode}; log {log_path}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{live}/healthz", timeout=1) as r:
+                    if r.status == 200:
+                        return proc
+            except OSError:
+                time.sleep(0.2)
+        raise RuntimeError("operator not live after 60 s")
+
+    @staticmethod
+    def stop_operator(proc: subprocess.Popen[bytes]) -> None:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+
+    @staticmethod
+    def cpu_seconds(pid: int) -> float:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime
+
+    @staticmethod
+    def peak_rss_mib(pid: int) -> float:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+        return float("nan")
+
+    # --- watching ------------------------------------------------------------------------------
+    def watch_pods(self, ns: str, seen: dict[str, float], stop: threading.Event) -> threading.Thread:
+        """Record the first time each pod is seen (monotonic), keyed by pod name."""
+        from kubernetes import watch
+
+        def run() -> None:
+            while not stop.is_set():
+                w = watch.Watch()
+                try:
+                    for ev in w.stream(self.core.list_namespaced_pod, ns, timeout_seconds=5):
+                        name = ev["object"].metadata.name
+                        if ev["type"] == "ADDED" and name not in seen:
+                            seen[name] = time.monotonic()
+                        if stop.is_set():
+                            w.stop()
+                            break
+                except Exception as exc:  # pragma: no cover - reconnect
+                    log(f"pod watch: {exc}")
+                    time.sleep(0.2)
+
+        t = threading.Thread(target=run, daemon=True)
+        t.start()
+        return t
+
+    # --- bodies --------------------------------------------------------------------------------
+    @staticmethod
+    def ftj(name: str) -> dict[str, Any]:
+        body = yaml.safe_load((REPO / "examples" / "llama-70b-lora-2x8.yaml").read_text())
+        body["metadata"] = {"name": name}
+        spec = body["spec"]
+        spec["output"]["checkpoints"] = {"emptyDir": {}}
+        spec["template"] = {"annotations": {f"{KWOK}/hold": "true"}}
+        spec["runPolicy"] = {"backoffLimit": 2}
+        return body
+
+    def create_ftj(self, ns: str, name: str) -> None:
+        self.custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, self.ftj(name))
+
+    def phase(self, ns: str, name: str) -> str | None:
+        obj = self.custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
+        return (obj.get("status") or {}).get("phase")
+
+    # --- (a) single job ------------------------------------------------------------------------
+    def single(self, runs: int, workdir: Path) -> dict[str, Any]:
+        ns = self.namespace(f"single-{uuid.uuid4().hex[:5]}")
+        op = self.start_operator(ns, workdir / "operator-single.log")
+        seen: dict[str, float] = {}
+        stop = threading.Event()
+        self.watch_pods(ns, seen, stop)
+        time.sleep(2)
+        to_pods, to_running = [], []
+        try:
+            for i in range(runs):
+                name = f"s{i}"
+                t0 = time.monotonic()
+                self.create_ftj(ns, name)
+                prefix = f"{name}-1-"  # Indexed Job pods: <job>-<index>-<random>
+                t_pods = t_run = None
+                deadline = t0 + 120
+                while time.monotonic() < deadline and (t_pods is None or t_run is None):
+                    mine = [t for p, t in list(seen.items()) if p.startswith(prefix)]
+                    if t_pods is None and len(mine) >= 2:
+                        t_pods = max(mine) - t0
+                    if t_run is None and self.phase(ns, name) == "Running":
+                        t_run = time.monotonic() - t0
+                    time.sleep(0.02)
+                if t_pods is None or t_run is None:
+                    raise RuntimeError(f"single run {i}: pods {t_pods} running {t_run}")
+                to_pods.append(t_pods)
+                to_running.append(t_run)
+                self.custom.delete_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
+                # idle cluster for the next run: wait until its pods are gone
+                deadline = time.monotonic() + 60
+                while time.monotonic() < deadline and self.core.list_namespaced_pod(
+                        ns, label_selector=f"{LABEL}={name}").items:
+                    time.sleep(0.2)
+                if (i + 1) % 10 == 0:
+                    log(f"single: {i + 1}/{runs} runs, last pods {t_pods:.3f}s running {t_run:.3f}s")
+        finally:
+            stop.set()
+            rss = self.peak_rss_mib(op.pid)
+            self.stop_operator(op)
+        self.delete_namespace(ns)
+        return {
+            "runs": runs,
+            "create_to_pods_s": {"p50": pct(to_pods, 50), "p99": pct(to_pods, 99), "mean": statistics.mean(to_pods),
+                                 "min": min(to_pods), "max": max(to_pods)},
+            "create_to_running_s": {"p50": pct(to_running, 50), "p99": pct(to_running, 99),
+                                    "mean": statistics.mean(to_running), "min": min(to_running),
+                                    "max": max(to_running)},
+            "operator_peak_rss_mib": rss,
+            "samples": {"create_to_pods_s": to_pods, "create_to_running_s": to_running},
+        }
+
+    # --- (b) burst -----------------------------------------------------------------------------
+    def _wait_pods(self, seen: dict[str, float], want: int, t0: float, timeout: float) -> float:
+        deadline = t0 + timeout
+        while time.monotonic() < deadline:
+            if len(seen) >= want:
+                return max(seen.values()) - t0
+            time.sleep(0.05)
+        raise RuntimeError(f"only {len(seen)}/{want} pods after {timeout:.0f}s")
+
+    def _requests(self, before: Counter[tuple[str, str]], after: Counter[tuple[str, str]]) -> dict[str, Any]:
+        delta = {k: after[k] - before.get(k, 0) for k in after if after[k] - before.get(k, 0) > 0}
+        total = sum(delta.values())
+        no_noise = sum(v for (verb, res), v in delta.items() if res not in NOISE)
+        by = sorted(((f"{verb} {res}", v) for (verb, res), v in delta.items() if res not in NOISE),
+                    key=lambda kv: -kv[1])
+        return {"total": total, "excluding_noise": no_noise, "by_verb_resource": dict(by[:25])}
+
+    def burst_operator(self, n: int, workdir: Path, timeout: float) -> dict[str, Any]:
+        ns = self.namespace(f"burst-op-{n}-{uuid.uuid4().hex[:4]}")
+        op = self.start_operator(ns, workdir / f"operator-burst-{n}.log")
+        seen: dict[str, float] = {}
+        stop = threading.Event()
+        self.watch_pods(ns, seen, stop)
+        time.sleep(3)  # operator settled
+        cpu0 = self.cpu_seconds(op.pid)
+        req0 = self.request_counts()
+        t0 = time.monotonic()
+        for i in range(n):
+            self.create_ftj(ns, f"b{i}")
+        t_created = time.monotonic() - t0
+        t_pods = self._wait_pods(seen, 2 * n, t0, timeout)
+        cpu_pods = self.cpu_seconds(op.pid) - cpu0
+        req1 = self.request_counts()
+        # then until every job reports Running (status writes are the operator's too)
+        deadline = time.monotonic() + timeout
+        t_running = None
+        while time.monotonic() < deadline:
+            objs = self.custom.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL)["items"]
+            if sum(1 for o in objs if (o.get("status") or {}).get("phase") == "Running") >= n:
+                t_running = time.monotonic() - t0
+                break
+            time.sleep(0.5)
+        cpu_running = self.cpu_seconds(op.pid) - cpu0
+        req2 = self.request_counts()
+        rss = self.peak_rss_mib(op.pid)
+        stop.set()
+        self.stop_operator(op)
+        self.delete_namespace(ns, wait=300)
+        return {
+            "jobs": n, "create_calls_s": t_created, "create_to_all_pods_s": t_pods,
+            "create_to_all_running_s": t_running,
+            "operator_cpu_s_to_pods": cpu_pods, "operator_cpu_s_to_running": cpu_running,
+            "operator_cpu_s_per_job": cpu_running / n, "operator_peak_rss_mib": rss,
+            "requests_to_pods": self._requests(req0, req1), "requests_to_running": self._requests(req0, req2),
+        }
+
+    def burst_floor(self, n: int, timeout: float) -> dict[str, Any]:
+        """The same children, created directly from render_all output (no operator)."""
+        from finetune_operator.api.resource import FineTuneJob
+        from finetune_operator.render import render_all
+
+        ns = self.namespace(f"burst-floor-{n}-{uuid.uuid4().hex[:4]}")
+        seen: dict[str, float] = {}
+        stop = threading.Event()
+        self.watch_pods(ns, seen, stop)
+        time.sleep(3)
+        req0 = self.request_counts()
+        t0 = time.monotonic()
+        for i in range(n):  # rendering is inside the timed region: the operator has to do it too
+            body = self.ftj(f"b{i}")
+            body["metadata"]["namespace"] = ns
+            r = render_all(FineTuneJob.from_body(body))
+            self.core.create_namespaced_config_map(ns, r.config_map)
+            self.core.create_namespaced_service(ns, r.service)
+            self.batch.create_namespaced_job(ns, _quantities_as_str(r.job))
+        t_created = time.monotonic() - t0
+        t_pods = self._wait_pods(seen, 2 * n, t0, timeout)
+        req1 = self.request_counts()
+        stop.set()
+        self.delete_namespace(ns, wait=300)
+        return {"jobs": n, "create_calls_s": t_created, "create_to_all_pods_s": t_pods,
+                "requests_to_pods": self._requests(req0, req1)}
+
+
+def _quantities_as_str(obj: Any) -> Any:
+    """The typed client wants resource quantities as strings (the operator sends ints as JSON)."""
+    if isinstance(obj, dict):
+        return {k: (str(v) if isinstance(v, int) and not isinstance(v, bool) and k in ("limits", "requests")
+                    else _quantities_as_str(v)) if not isinstance(v, dict) or k not in ("limits", "requests")
+                else {rk: str(rv) for rk, rv in v.items()} for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_quantities_as_str(v) for v in obj]
+    return obj
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--single", type=int, default=50, help="single-job runs (0: skip)")
+    ap.add_argument("--burst", default="10,100", help="comma-separated burst sizes ('' to skip)")
+    ap.add_argument("--nodes", type=int, default=0, help="KWOK nodes (default: 2*max burst + 4)")
+    ap.add_argument("--cluster-dir", default="/tmp/ftjob-bench-cluster")
+    ap.add_argument("--timeout", type=float, default=900, help="per-burst timeout, s")
+    ap.add_argument("--keep-cluster", action="store_true")
+    args = ap.parse_args()
+    bursts = [int(x) for x in args.burst.split(",") if x.strip()]
+    nodes = args.nodes or max(8, 2 * max(bursts or [0]) + 4)
+    workdir = Path(args.cluster_dir) / "bench"
+    workdir.mkdir(parents=True, exist_ok=True)
+    b = Bench(Path(args.cluster_dir), nodes)
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    result: dict[str, Any] = {
+        "date": stamp, "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                                   "python": platform.python_version()},
+        "kwok_nodes": nodes, "gpus_per_node": 8, "job": "examples/llama-70b-lora-2x8.yaml (2 nodes x 8 GPUs, KWOK hold)",
+    }
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = RESULTS / f"{stamp}.json"
+
+    def save() -> None:
+        out.write_text(json.dumps(result, indent=2) + "\n")
+        (RESULTS / "latest.json").write_text(json.dumps(result, indent=2) + "\n")
+
+    b.up()
+    try:
+        if args.single:
+            log(f"(a) single job x {args.single}")
+            result["single"] = b.single(args.single, workdir)
+            save()
+            s = result["single"]
+            log(f"single: pods p50 {s['create_to_pods_s']['p50']:.3f} p99 {s['create_to_pods_s']['p99']:.3f}; "
+                f"running p50 {s['create_to_running_s']['p50']:.3f} p99 {s['create_to_running_s']['p99']:.3f}")
+        result["burst"] = []
+        for n in bursts:
+            log(f"(b) burst {n}: floor")
+            floor = b.burst_floor(n, args.timeout)
+            log(f"(b) burst {n}: floor {floor['create_to_all_pods_s']:.2f}s; operator")
+            oper = b.burst_operator(n, workdir, args.timeout)
+            ratio = oper["create_to_all_pods_s"] / floor["create_to_all_pods_s"]
+            req_op = oper["requests_to_pods"]["excluding_noise"]
+            req_fl = floor["requests_to_pods"]["excluding_noise"]
+            result["burst"].append({
+                "jobs": n, "floor": floor, "operator": oper, "ratio_operator_over_floor": ratio,
+                "requests_per_job_operator_run": req_op / n, "requests_per_job_floor_run": req_fl / n,
+                "requests_per_job_attributable_to_operator": (req_op - req_fl) / n,
+            })
+            save()
+            log(f"burst {n}: operator {oper['create_to_all_pods_s']:.2f}s vs floor "
+                f"{floor['create_to_all_pods_s']:.2f}s (x{ratio:.2f}); rss {oper['operator_peak_rss_mib']:.0f} MiB; "
+                f"cpu/job {oper['operator_cpu_s_per_job']:.3f}s; req/job {req_op / n:.1f} vs floor {req_fl / n:.1f}")
+    finally:
+        save()
+        if not args.keep_cluster:
+            b.down()
+    log(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
