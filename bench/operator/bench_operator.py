@@ -28,7 +28,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +47,7 @@ NOISE = {"leases", "nodes"}
 
 
 def log(msg: str) -> None:
-    print(f"[bench {datetime.now(timezone.utc):%H:%M:%S}] {msg}", file=sys.stderr, flush=True)
+    print(f"[bench {datetime.now(UTC):%H:%M:%S}] {msg}", file=sys.stderr, flush=True)
 
 
 def free_port() -> int:
@@ -59,7 +59,7 @@ def free_port() -> int:
 def pct(values: list[float], q: float) -> float:
     """Nearest-rank percentile."""
     s = sorted(values)
-    k = max(0, min(len(s) - 1, int(round(q / 100 * len(s) + 0.5)) - 1))
+    k = max(0, min(len(s) - 1, round(q / 100 * len(s) + 0.5) - 1))
     return s[k]
 
 
@@ -67,7 +67,9 @@ class Bench:
     def __init__(self, cluster_dir: Path, nodes: int) -> None:
         self.dir = cluster_dir
         self.nodes = nodes
-        self.env = {**os.environ, "FTJOB_CLUSTER_DIR": str(cluster_dir), "FTJOB_NODES": str(nodes),
+        # up.sh's node readiness check (`kubectl wait ... --all --timeout=2s`) cannot pass with ~100+
+        # nodes on 2 cores, so up.sh gets a few nodes and the rest are cloned here (add_nodes).
+        self.env = {**os.environ, "FTJOB_CLUSTER_DIR": str(cluster_dir), "FTJOB_NODES": str(min(nodes, 8)),
                     "FTJOB_GPUS_PER_NODE": "8", "FTJOB_UP_TIMEOUT": "300"}
         self.bin = Path(subprocess.run([str(HACK / "build.sh"), "--print-bin"], capture_output=True, text=True,
                                        check=True).stdout.strip())
@@ -87,15 +89,33 @@ class Bench:
         self.custom = client.CustomObjectsApi(self.api)
         self.kubectl("apply", "--server-side", "-f", str(REPO / "crds" / "finetunejob.yaml"))
         self.kubectl("wait", "--for=condition=Established", "crd/finetunejobs.finetune.dev", "--timeout=60s")
+        self.add_nodes()
         # wait until all nodes are Ready (KWOK)
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             nodes = self.core.list_node().items
-            ready = sum(1 for n in nodes for c in (n.status.conditions or []) if c.type == "Ready" and c.status == "True")
+            ready = sum(1 for n in nodes for c in (n.status.conditions or [])
+                        if c.type == "Ready" and c.status == "True")
             if ready >= self.nodes:
                 break
             time.sleep(1)
         log(f"cluster ready: {ready} Ready nodes")
+
+    def add_nodes(self) -> None:
+        """Clone kwok-gpu-0 (labels, annotations, capacity) as kwok-gpu-8 .. kwok-gpu-<nodes-1>."""
+        have = {n.metadata.name for n in self.core.list_node().items}
+        template = self.api.sanitize_for_serialization(self.core.read_node("kwok-gpu-0"))
+        for i in range(self.nodes):
+            name = f"kwok-gpu-{i}"
+            if name in have:
+                continue
+            labels = {**template["metadata"]["labels"], "kubernetes.io/hostname": name}
+            body = {"apiVersion": "v1", "kind": "Node",
+                    "metadata": {"name": name, "labels": labels,
+                                 "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"}},
+                    "status": {"capacity": template["status"]["capacity"],
+                               "allocatable": template["status"]["allocatable"]}}
+            self.core.create_node(body)
 
     def down(self) -> None:
         subprocess.run([str(HACK / "down.sh")], env=self.env, check=False)
@@ -387,11 +407,12 @@ def main() -> int:
     workdir = Path(args.cluster_dir) / "bench"
     workdir.mkdir(parents=True, exist_ok=True)
     b = Bench(Path(args.cluster_dir), nodes)
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     result: dict[str, Any] = {
         "date": stamp, "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                                    "python": platform.python_version()},
-        "kwok_nodes": nodes, "gpus_per_node": 8, "job": "examples/llama-70b-lora-2x8.yaml (2 nodes x 8 GPUs, KWOK hold)",
+        "kwok_nodes": nodes, "gpus_per_node": 8,
+        "job": "examples/llama-70b-lora-2x8.yaml (2 nodes x 8 GPUs, KWOK hold)",
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / f"{stamp}.json"
