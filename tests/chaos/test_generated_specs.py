@@ -108,4 +108,5 @@ def test_generated_specs_are_rejected_or_reach_a_phase(cluster: Cluster, namespa
     assert operator.proc is not None and operator.proc.poll() is None, "operator died"
     log = operator.log_path.read_text(errors="replace")
     assert "Traceback" not in log, log[log.index("Traceback") - 2000:][:6000]
-    print(f"{len(accepted)} accepted, {len(rejected)} rejected at apply")
+    outcomes = sorted({(found[n]["phase"], ((found[n].get("conditions") or [{}])[-1]).get("reason")) for n in accepted})
+    print(f"{len(accepted)} accepted (outcomes {outcomes}), {len(rejected)} rejected at apply")
