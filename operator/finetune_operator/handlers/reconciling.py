@@ -30,6 +30,8 @@ log = logging.getLogger(__name__)
 # Keys the progress endpoint owns; the reconciler never writes them, so it cannot undo a push.
 PROGRESS_KEYS = frozenset({"progress", "output"})
 ERROR_RETRY_SECONDS = 5.0
+# A round is a handful of API calls (well under a second); one stuck this long is abandoned and retried.
+RECONCILE_TIMEOUT_SECONDS = 60.0
 
 
 def capture_indexes(state: OperatorState, kwargs: dict[str, Any]) -> None:
@@ -52,11 +54,15 @@ async def reconcile_job(state: OperatorState, key: Key, body: dict[str, Any] | N
             state.dirty.discard(key)
             try:
                 with metrics.RECONCILE_SECONDS.time():
-                    alive = await _reconcile_once(state, key, body)
+                    alive = await asyncio.wait_for(_reconcile_once(state, key, body), RECONCILE_TIMEOUT_SECONDS)
                 body = None
             except kopf.TemporaryError as exc:  # API hiccup: look again soon, whatever triggered us
                 log.warning("[%s/%s] reconcile will be retried: %s", *key, exc)
                 requeue.schedule(state, key, exc.delay or 1.0)
+                return
+            except TimeoutError:  # a hung API call must not hold this job's lock (and status) forever
+                log.warning("[%s/%s] reconcile took over %s s; retrying", *key, RECONCILE_TIMEOUT_SECONDS)
+                requeue.schedule(state, key, 1.0)
                 return
             except Exception:  # a bug or an unexpected answer: logged, retried later, never fatal
                 log.exception("[%s/%s] reconcile failed; retrying in %s s", *key, ERROR_RETRY_SECONDS)
@@ -83,8 +89,9 @@ async def _reconcile_once(state: OperatorState, key: Key, fresh: dict[str, Any] 
         await _write_invalid(state, body, exc)
         return True
     job = job.model_copy(update={"status": _previous_status(body)})
-    observed = observe(job.metadata.uid, *(_entries(state, n, key) for n in
-                                           ("ftj_jobs", "ftj_pods", "ftj_configmaps", "ftj_services")))
+    observed = observe(
+        job.metadata.uid, *(_entries(state, n, key) for n in ("ftj_jobs", "ftj_pods", "ftj_configmaps", "ftj_services"))
+    )
     now = datetime.now(UTC).replace(microsecond=0)
     actions = reconcile(job, observed, now, state.config.render_options(job.namespace, job.name))
     try:
@@ -118,7 +125,7 @@ async def _apply(state: OperatorState, job: FineTuneJob, actions: Actions) -> No
     created = await asyncio.gather(
         *(state.kube.apply(obj) for obj in actions.apply), *(state.kube.create_job(obj) for obj in actions.create)
     )
-    for obj, new in zip(actions.create, created[len(actions.apply):], strict=True):
+    for obj, new in zip(actions.create, created[len(actions.apply) :], strict=True):
         if new:
             log.info("[%s/%s] created Job %s", job.namespace, job.name, obj["metadata"]["name"])
             if actions.status.attempt == 1:
@@ -171,9 +178,19 @@ async def _write_invalid(state: OperatorState, body: dict[str, Any], exc: Invali
         return
     now = datetime.now(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
     message = f"invalid spec: {exc}"[:32768]
-    condition = {"type": "Failed", "status": "True", "reason": "InvalidSpec", "message": message,
-                 "lastTransitionTime": now}
-    status = {"phase": "Failed", "conditions": [condition], "message": message, "completionTime": now,
-              "observedGeneration": body["metadata"].get("generation")}
+    condition = {
+        "type": "Failed",
+        "status": "True",
+        "reason": "InvalidSpec",
+        "message": message,
+        "lastTransitionTime": now,
+    }
+    status = {
+        "phase": "Failed",
+        "conditions": [condition],
+        "message": message,
+        "completionTime": now,
+        "observedGeneration": body["metadata"].get("generation"),
+    }
     await state.kube.patch_status(body["metadata"]["namespace"], body["metadata"]["name"], status)
     await _announce(state, body, Transition("Warning", "InvalidSpec", message))

@@ -11,7 +11,8 @@ import asyncio
 import heapq
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from finetune_operator.handlers.state import Key, OperatorState
 
@@ -24,13 +25,25 @@ def schedule(state: OperatorState, key: Key, delay: float) -> None:
     state.wakeups.put_nowait((time.monotonic() + max(delay, MIN_DELAY), key))
 
 
-async def run_wakeups(state: OperatorState, callback: Callable[[Key], Awaitable[None]]) -> None:
+def _finished(running: "set[asyncio.Task[None]]", key: Key) -> Callable[["asyncio.Task[None]"], None]:
+    """Forget a finished wake-up task and log its failure (a failed wake-up must not stop the others)."""
+
+    def done(task: "asyncio.Task[None]") -> None:
+        running.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("wake-up reconcile of %s/%s failed", *key, exc_info=task.exception())
+
+    return done
+
+
+async def run_wakeups(state: OperatorState, callback: Callable[[Key], Coroutine[Any, Any, None]]) -> None:
     """Forever: sleep until the earliest wake-up (or a new one arrives), then call back.
 
     Only the earliest wake-up per job is kept: the reconcile it triggers plans the next one anyway.
     """
     heap: list[tuple[float, Key]] = []
     earliest: dict[Key, float] = {}
+    running: set[asyncio.Task[None]] = set()
     while True:
         timeout = max(heap[0][0] - time.monotonic(), 0.0) if heap else None
         try:
@@ -40,10 +53,11 @@ async def run_wakeups(state: OperatorState, callback: Callable[[Key], Awaitable[
             if earliest.get(key) != due:
                 continue  # superseded by an earlier wake-up that already ran
             del earliest[key]
-            try:
-                await callback(key)
-            except Exception:  # a failed wake-up must not stop the others
-                log.exception("wake-up reconcile of %s/%s failed", *key)
+            # In its own task: one slow reconcile (a saturated API server) must not hold every other
+            # job's wake-up behind it. reconcile_job serializes per job, so concurrency is safe.
+            task = asyncio.create_task(callback(key), name=f"wakeup {key[0]}/{key[1]}")
+            running.add(task)
+            task.add_done_callback(_finished(running, key))
             continue
         if key not in earliest or due < earliest[key]:
             earliest[key] = due

@@ -1,0 +1,34 @@
+"""Wake-ups: one slow reconcile must not hold back another job's wake-up (the stale-Pending symptom
+seen in the 300-job burst: the single wake-up task awaited each reconcile inline)."""
+
+import asyncio
+import time
+from types import SimpleNamespace
+from typing import Any
+
+from finetune_operator.handlers import requeue
+
+
+async def _run() -> dict[str, float]:
+    state: Any = SimpleNamespace(wakeups=asyncio.Queue())
+    woke: dict[str, float] = {}
+    start = time.monotonic()
+
+    async def callback(key: tuple[str, str]) -> None:
+        woke[key[1]] = time.monotonic() - start
+        if key[1] == "slow":
+            await asyncio.sleep(5)  # a reconcile stuck on a saturated API server
+
+    loop = asyncio.create_task(requeue.run_wakeups(state, callback))
+    requeue.schedule(state, ("ns", "slow"), 0.2)
+    requeue.schedule(state, ("ns", "fast"), 0.4)
+    requeue.schedule(state, ("ns", "fast"), 3.0)  # a later wake-up for the same job is dropped
+    await asyncio.sleep(1.0)
+    loop.cancel()
+    return woke
+
+
+def test_a_slow_wakeup_does_not_block_the_others() -> None:
+    woke = asyncio.run(_run())
+    assert set(woke) == {"slow", "fast"}
+    assert woke["fast"] < 1.0, woke
