@@ -6,7 +6,7 @@ deepspeed.json -> accelerate.yaml -> trainer.json -> node command -> ConfigMap, 
 """
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import yaml
@@ -52,7 +52,11 @@ class Rendered:
     config_map: dict[str, Any]
     service: dict[str, Any]
     job: dict[str, Any]
-    manifests: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def manifests(self) -> list[dict[str, Any]]:
+        """The children in the order they are applied (and `ftjob render` writes them)."""
+        return [self.config_map, self.service, self.job]
 
 
 class _BlockDumper(yaml.SafeDumper):
@@ -135,5 +139,4 @@ def render_all(job: FineTuneJob, options: RenderOptions | None = None) -> Render
         config_map=config_map,
         service=service,
         job=attempt_job,
-        manifests=[config_map, service, attempt_job],
     )
