@@ -23,42 +23,22 @@ from typing import Any
 
 import pytest
 
+from finetune_operator.cli import load_job
+from finetune_operator.render import render_all
 from finetune_trainer.config import TrainerConfig
 
 BIN = Path(sys.executable).parent
 
-ZERO3_YAML = """\
-compute_environment: LOCAL_MACHINE
-distributed_type: DEEPSPEED
-deepspeed_config:
-  deepspeed_multinode_launcher: standard
-  offload_optimizer_device: none
-  offload_param_device: none
-  zero3_init_flag: true
-  zero3_save_16bit_model: true
-  zero_stage: 3
-mixed_precision: 'no'
-use_cpu: true
-machine_rank: 0
-num_machines: 1
-num_processes: 2
-main_training_function: main
-rdzv_backend: static
-same_network: false
-"""
+def rendered_accelerate_yaml(zero_stage: int) -> str:
+    """The accelerate.yaml the operator renders for the tiny 2-process CPU job: tests train what pods run."""
+    job = load_job(str(Path(__file__).resolve().parents[2] / "examples" / "tiny-cpu.yaml"))
+    job.spec.distributed.deepspeed.zero_stage = zero_stage
+    return render_all(job).files["accelerate.yaml"]
 
-DDP_YAML = """\
-compute_environment: LOCAL_MACHINE
-distributed_type: MULTI_GPU
-mixed_precision: 'no'
-use_cpu: true
-machine_rank: 0
-num_machines: 1
-num_processes: 2
-main_training_function: main
-rdzv_backend: static
-same_network: false
-"""
+
+ZERO3_YAML = rendered_accelerate_yaml(3)  # DEEPSPEED, ZeRO-3, use_cpu
+DDP_YAML = rendered_accelerate_yaml(0)  # MULTI_GPU (plain DDP over gloo), use_cpu
+
 
 # Fast, deterministic defaults for the tiny model: ~0.1 s per step and process on one core.
 TRAINING: dict[str, Any] = {
