@@ -247,7 +247,11 @@ def estimate_memory(spec: FineTuneJobSpec, shape: ModelShape, strategy: Strategy
     lora_dropout = spec.adapter.dropout > 0
     per_layer_full = (8 * h + (5 if lora_dropout else 4) * inter) * compute_bytes
     if training.gradient_checkpointing:
-        parts["activations (checkpointed)"] = tokens * (layers * h * compute_bytes + per_layer_full)
+        # One hidden state per layer is kept for the recompute (in host memory with offloadActivations), plus
+        # everything one layer saves while it is recomputed.
+        if not training.offload_activations:
+            parts["activations (checkpointed)"] = tokens * layers * h * compute_bytes
+        parts["activations (layer in recompute)"] = tokens * per_layer_full
     else:
         parts["activations"] = tokens * layers * per_layer_full
     # TRL 1.16 computes the loss with a chunked, fused LM head: one chunk of logits in the compute dtype is alive

@@ -77,6 +77,8 @@ def check_job(job: FineTuneJob) -> list[FieldError]:
     training = spec.training
     if training.save_strategy == "steps" and training.save_steps is None:
         bad("spec.training.saveSteps", "is required with saveStrategy: steps")
+    if training.offload_activations and not training.gradient_checkpointing:
+        bad("spec.training.offloadActivations", "needs gradientCheckpointing: true (only checkpoints are offloaded)")
     if training.eval_strategy == "steps" and training.eval_steps is None:
         bad("spec.training.evalSteps", "is required with evalStrategy: steps")
     if training.eval_strategy != "no" and len(spec.dataset.splits) < 2:

@@ -53,3 +53,19 @@ def test_checkpointing_cuts_activation_memory() -> None:
     without = estimate_memory(off, shape, Strategy(3)).parts["activations"]
     assert without > 10 * with_ckpt > 0
     assert with_ckpt / GIB < 2
+
+
+def test_offloading_activations_moves_the_checkpoints_off_the_gpu() -> None:
+    """70B at the seed's batch (8 x 2048): the checkpointed hidden states (80 x 16384 x 8192 x 2 bytes = 20 GiB)
+    leave the GPU; the layer being recomputed stays."""
+    spec = job(model="meta-llama/Llama-2-70b-hf", gpus=4).spec
+    seed_batch = spec.training.model_copy(update={"per_device_train_batch_size": 8})
+    on_gpu = spec.model_copy(update={"training": seed_batch})
+    offloaded = spec.model_copy(update={"training": seed_batch.model_copy(update={"offload_activations": True})})
+    shape = plan_job(on_gpu).shape
+    kept = estimate_memory(on_gpu, shape, Strategy(3))
+    moved = estimate_memory(offloaded, shape, Strategy(3))
+    assert kept.parts["activations (checkpointed)"] == 80 * 8 * 2048 * 8192 * 2
+    assert "activations (checkpointed)" not in moved.parts
+    assert moved.parts["activations (layer in recompute)"] == kept.parts["activations (layer in recompute)"] > 0
+    assert kept.total_gib - moved.total_gib == pytest.approx(20.0)

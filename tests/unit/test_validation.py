@@ -74,6 +74,12 @@ INVALID = [
         "is required",
     ),
     (
+        "offloading activations without checkpointing is rejected",
+        with_spec("training", {"gradientCheckpointing": False, "offloadActivations": True}),
+        "spec.training.offloadActivations",
+        "needs gradientCheckpointing: true",
+    ),
+    (
         "evaluation without an eval split is rejected",
         with_spec("dataset.splits", ["train"]),
         "spec.dataset.splits",

@@ -11,13 +11,23 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from finetune_trainer.config import TrainerConfig
+from finetune_trainer.config import TrainerConfig, TrainingConfig
 from finetune_trainer.cpu import on_cpu
 
 if TYPE_CHECKING:
     from trl.trainer.sft_config import SFTConfig
 
 log = logging.getLogger(__name__)
+
+
+def checkpointing_kwargs(t: TrainingConfig) -> dict[str, Any]:
+    """What transformers' Trainer takes for activation checkpointing: `use_reentrant` goes on to
+    torch.utils.checkpoint (TRL flips it to True under PEFT + ZeRO-3, in place), `offload` makes the model keep
+    each checkpointed hidden state in pinned host memory (transformers >= 5.24)."""
+    kwargs: dict[str, Any] = {"use_reentrant": t.use_reentrant}
+    if t.offload_activations:
+        kwargs["offload"] = True
+    return kwargs
 
 
 def build_sft_config(cfg: TrainerConfig) -> SFTConfig:
@@ -68,7 +78,7 @@ def build_sft_config(cfg: TrainerConfig) -> SFTConfig:
         per_device_eval_batch_size=t.per_device_eval_batch_size,
         gradient_accumulation_steps=t.gradient_accumulation_steps,
         activation_checkpointing=t.gradient_checkpointing,
-        activation_checkpointing_kwargs={"use_reentrant": t.use_reentrant} if t.gradient_checkpointing else None,
+        activation_checkpointing_kwargs=checkpointing_kwargs(t) if t.gradient_checkpointing else None,
         logging_strategy="steps",
         logging_steps=t.logging_steps,
         logging_first_step=True,

@@ -76,6 +76,7 @@ class TrainingConfig(_Config):
     gradient_accumulation_steps: int = 1
     gradient_checkpointing: bool = True
     use_reentrant: bool = False
+    offload_activations: bool = False
     mixed_precision: Literal["no", "fp16", "bf16"] = "bf16"
     seed: int = 100
     logging_steps: int = 5

@@ -129,6 +129,14 @@ class AdapterSpec(ApiModel):
 class TrainingSpec(ApiModel):
     """Hyper-parameters: the seed's launch flags."""
 
+    model_config = with_cel_rules(
+        cel(
+            "!has(self.offloadActivations) || !self.offloadActivations || "
+            "!has(self.gradientCheckpointing) || self.gradientCheckpointing",
+            "training.offloadActivations needs gradientCheckpointing: true",
+        ),
+    )
+
     epochs: float | None = Field(default=None, gt=0, description="num_train_epochs. Default: 1 unless maxSteps.")
     max_steps: int | None = Field(default=None, gt=0, description="Stop after this many optimizer steps.")
     learning_rate: float = Field(default=1e-4, gt=0, description="Default: 1e-4.")
@@ -145,6 +153,11 @@ class TrainingSpec(ApiModel):
     use_reentrant: bool = Field(
         default=False,
         description="Reentrant checkpointing. TRL forces true under PEFT + ZeRO-3. Default: false.",
+    )
+    offload_activations: bool = Field(
+        default=False,
+        description="Hold the checkpointed activations (layers x tokens x hidden) in pinned host memory instead of "
+        "on the GPU: less GPU memory for a host copy each way per step. Needs gradientCheckpointing. Default: false.",
     )
     mixed_precision: Literal["no", "fp16", "bf16"] = Field(default="bf16", description="Default: bf16.")
     seed: int = Field(default=100, ge=0, description="Default: 100.")

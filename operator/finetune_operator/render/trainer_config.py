@@ -69,6 +69,7 @@ def render_trainer_config(
             gradient_accumulation_steps=training.gradient_accumulation_steps,
             gradient_checkpointing=training.gradient_checkpointing,
             use_reentrant=training.use_reentrant,
+            offload_activations=training.offload_activations,
             mixed_precision=training.mixed_precision,
             seed=training.seed,
             logging_steps=training.logging_steps,
