@@ -6,9 +6,9 @@ Llama and its arithmetic chat data:
   * saves a non-empty adapter: every tensor in adapter_model.safetensors has elements, lora_B is not all zero;
   * reloads: in a fresh process, base model (+ the same 4-bit quantization) + PeftModel.from_pretrained reproduces
     the logits the trainer wrote at the end of training (output.probe_path), and differ from the base model's;
-and for ZeRO-3 a resume test: node 1's process group is SIGKILLed mid-training, node 0 gets SIGTERM then SIGKILL
+and for each of them a resume test (`*_resume`): node 1's process group is SIGKILLed mid-training, node 0 gets SIGTERM then SIGKILL
 (what deleting the attempt's Job does), both are relaunched, and the run must resume from the newest *complete*
-checkpoint and finish.
+checkpoint, finish, and its adapter must pass the same reload check.
 The only change to the rendered files is `output.probe_path` in trainer.json (a test-only field).
 
     python3 bench/correctness.py --out $OUT [--only c_zero3,...] [--budget 300]
@@ -131,6 +131,15 @@ def check_adapter(run: H.RenderedRun, quant: bool, log: Any) -> dict[str, Any]:
     return res
 
 
+def reload_ok(res: dict[str, Any]) -> bool:
+    """Non-empty adapter that changes the model, and reloads to the trainer's own logits."""
+    return bool(
+        res.get("adapter_tensors", 0) > 0 and not res.get("adapter_empty_tensors") and res.get("lora_B_abs_sum", 0) > 0
+        and res.get("rel_err_vs_trainer", 1) < 2e-2
+        and res.get("rel_diff_base_vs_trainer", 0) > 5 * res.get("rel_err_vs_trainer", 1)
+    )
+
+
 def losses_from_log(path: Path) -> list[float]:
     return [float(m) for m in re.findall(r"'loss': '?([0-9.]+)'?", path.read_text(errors="replace"))]
 
@@ -142,7 +151,7 @@ def run_config(name: str, out: Path, log: Any, budget_left: float) -> dict[str, 
     quant = "quantization" in spec["spec"]["model"]
     t = time.time()
     procs = H.start_nodes(run)
-    codes = H.wait_all(procs, min(240, budget_left))
+    codes = H.wait_all(procs, min(300, budget_left))
     for p in procs:
         p.close()
     res: dict[str, Any] = {"name": name, "rc": codes, "wall_s": round(time.time() - t, 1),
@@ -153,12 +162,7 @@ def run_config(name: str, out: Path, log: Any, budget_left: float) -> dict[str, 
     res["loss_fell"] = len(losses) >= 2 and losses[-1] < losses[0]
     if codes == [0, 0]:
         res.update(check_adapter(run, quant, log))
-    res["ok"] = bool(
-        codes == [0, 0] and res["loss_fell"] and res.get("adapter_tensors", 0) > 0
-        and not res.get("adapter_empty_tensors") and res.get("lora_B_abs_sum", 0) > 0
-        and res.get("rel_err_vs_trainer", 1) < 2e-2
-        and res.get("rel_diff_base_vs_trainer", 0) > 5 * res.get("rel_err_vs_trainer", 1)
-    )
+    res["ok"] = bool(codes == [0, 0] and res["loss_fell"] and reload_ok(res))
     if not res["ok"]:
         res["tail_node0"] = H.tail(wd / "node0.log", 30)
         res["tail_node1"] = H.tail(wd / "node1.log", 15)
@@ -175,18 +179,30 @@ def newest_complete(root: Path) -> tuple[int | None, list[str]]:
     return (max(steps) if steps else None), names
 
 
-def run_resume(out: Path, log: Any, budget_left: float) -> dict[str, Any]:
-    """Kill node 1 mid-training; relaunch both; the run resumes from the newest complete checkpoint."""
-    name = "c_zero3_resume"
-    spec = job("c-zero3-resume", zero=3, steps=60, save_steps=10)
+RESUMABLE = {  # config -> (job name, spec changes): each is killed mid-run and resumed
+    "c_zero3_resume": ("c-zero3-resume", {}),
+    "c_zero2_resume": ("c-zero2-resume", {"spec": {"distributed": {"deepspeed": {"zeroStage": 2}}}}),
+    "c_zero3_offload_resume": ("c-zero3-offload-resume",
+                               {"spec": {"distributed": {"deepspeed": {"offloadOptimizer": "cpu"}}}}),
+    "c_qlora_zero3_resume": ("c-qlora-zero3-resume", {"spec": {"model": {"quantization": QUANT}}}),
+}
+
+
+def run_resume(name: str, out: Path, log: Any, budget_left: float) -> dict[str, Any]:
+    """Kill node 1 mid-training; relaunch both; the run resumes from the newest complete checkpoint, finishes, and
+    its adapter reloads to the logits the resumed trainer wrote."""
+    job_name, extra = RESUMABLE[name]
+    spec = job(job_name, zero=3, steps=60, save_steps=10, extra=extra)
+    quant = "quantization" in spec["spec"]["model"]
     wd = WORK / name
-    run = H.render_job(spec, wd, timed=False)
+    probe = {"output": {"probe_path": str(wd / "probe.safetensors")}}
+    run = H.render_job(spec, wd, timed=False, trainer_updates=probe)
     ckpt = run.checkpoint_dir
-    res: dict[str, Any] = {"name": name}
+    res: dict[str, Any] = {"name": name, "plan": f"ZeRO-{run.plan.strategy.zero_stage}/{run.plan.strategy.offload}"}
     t0 = time.time()
     procs = H.start_nodes(run, log_prefix="attempt1-")
     killed_at = None
-    while time.time() - t0 < min(150, budget_left / 2):
+    while time.time() - t0 < min(200, budget_left / 2):
         step, _ = newest_complete(ckpt)
         if step is not None and step >= 20:
             procs[1].kill_group(signal.SIGKILL)  # node 1 lost (pod/node died)
@@ -215,9 +231,9 @@ def run_resume(out: Path, log: Any, budget_left: float) -> dict[str, Any]:
     # attempt 2: the same job (same checkpoint volume), rendered again; a fresh port because this host's old one can
     # sit in TIME_WAIT (in a cluster attempt n+1 gets new pods and addresses)
     spec["spec"]["distributed"]["rendezvous"]["port"] = H.next_port()
-    run = H.render_job(spec, wd, timed=False)
+    run = H.render_job(spec, wd, timed=False, trainer_updates=probe)
     procs = H.start_nodes(run, log_prefix="attempt2-", extra_env={"FTJOB_ATTEMPT": "2"})
-    codes = H.wait_all(procs, min(200, budget_left - (time.time() - t0)))
+    codes = H.wait_all(procs, min(240, budget_left - (time.time() - t0)))
     for p in procs:
         p.close()
     res["attempt2_rc"] = codes
@@ -225,13 +241,14 @@ def run_resume(out: Path, log: Any, budget_left: float) -> dict[str, Any]:
     m = re.search(r"resuming from (\S*checkpoint-(\d+))", text)
     res["resumed_from_step"] = int(m.group(2)) if m else None
     res["torn_set_aside"] = sorted(p.name for p in ckpt.glob("torn-checkpoint-*"))
-    state = ckpt / "adapter"
-    res["adapter_written"] = (state / "adapter_model.safetensors").exists()
-    final, listing2 = newest_complete(ckpt)
-    res["checkpoints_after"] = listing2
+    res["adapter_written"] = (ckpt / "adapter" / "adapter_model.safetensors").exists()
+    _, res["checkpoints_after"] = newest_complete(ckpt)
     g = re.findall(r"'epoch': '?([0-9.]+)", text)
     res["last_epoch_logged"] = g[-1] if g else None
-    res["ok"] = bool(codes == [0, 0] and res["resumed_from_step"] == before and res["adapter_written"])
+    if codes == [0, 0]:
+        res.update(check_adapter(run, quant, log))
+    res["ok"] = bool(codes == [0, 0] and res["resumed_from_step"] == before and res["adapter_written"]
+                     and reload_ok(res))
     if not res["ok"]:
         res["tail_node0"] = H.tail(wd / "attempt2-node0.log", 40)
     res["wall_s"] = round(time.time() - t0, 1)
@@ -248,7 +265,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     WORK.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    names = [*CONFIGS, "c_zero3_resume"]
+    names = [*CONFIGS, *RESUMABLE]
     if a.only:
         names = [n for n in names if n in a.only.split(",")]
 
@@ -262,7 +279,7 @@ def main() -> None:
             continue
         log(f"start {n}")
         try:
-            res = run_resume(out, log, left) if n == "c_zero3_resume" else run_config(n, out, log, left)
+            res = run_resume(n, out, log, left) if n in RESUMABLE else run_config(n, out, log, left)
         except Exception as e:
             res = {"name": n, "ok": False, "error": f"{type(e).__name__}: {e}"}
         log(f"{n}: ok={res.get('ok')} " + json.dumps({k: v for k, v in res.items()

@@ -7,7 +7,12 @@ data:  train.jsonl rows {"content": "w17 w90211 ..."} of exactly --row-len token
        the seed benchmark's rows (torch.randint(4, vocab) with generator seed 1234), so the seed recipe and our
        trainer see the same token ids.
 
-usage: make_models.py model --out DIR [--layers ... shape] [--device cuda:0] [--no-weights]
+       --fp8-storage: every 2-D weight is written as float8_e4m3fn (norms stay bf16), so a 70B-shaped checkpoint is
+       69 GB on disk instead of 138 (the GPU machine has 128 GiB of disk); `from_pretrained(dtype=bfloat16)` casts it
+       back on load, and QLoRA quantizes the cast values. Tensors are drawn one at a time on --device, never the
+       whole model: written shard by shard (5 GB), with a safetensors index.
+
+usage: make_models.py model --out DIR [--layers ... shape] [--device cuda:0] [--fp8-storage]
        make_models.py data --out DIR --rows N --row-len 2048 --vocab 128256
 """
 
@@ -78,6 +83,13 @@ def make_model(a: argparse.Namespace) -> None:
     t0 = time.time()
     build_tokenizer(vocab).save_pretrained(out)
     cfg = llama_config(layers, hidden, inter, heads, kv, vocab)
+    if a.fp8_storage:
+        n = make_model_fp8(a, out, cfg, vocab)
+        (out / "bench_shape.json").write_text(json.dumps(
+            dict(layers=layers, hidden=hidden, intermediate=inter, heads=heads, kv_heads=kv, vocab=vocab,
+                 num_parameters=n, storage="float8_e4m3fn")))
+        (out / ".complete").write_text("ok\n")
+        return
     torch.manual_seed(0)
     with torch.device(a.device):
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16, attn_implementation="sdpa")
@@ -90,6 +102,53 @@ def make_model(a: argparse.Namespace) -> None:
              num_parameters=n)))
     (out / ".complete").write_text("ok\n")
     print(f"{out}: {n / 1e9:.3f}B params, built {t1 - t0:.1f}s, saved {t2 - t1:.1f}s", flush=True)
+
+
+def make_model_fp8(a: argparse.Namespace, out: Path, cfg, vocab: int) -> int:
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM
+
+    t0 = time.time()
+    with torch.device("meta"):
+        meta = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    gen = torch.Generator(device=a.device).manual_seed(0)
+    shard: dict[str, torch.Tensor] = {}
+    weight_map: dict[str, str] = {}
+    files: list[list[str]] = []
+    total = n = 0
+
+    def flush() -> None:
+        name = f"model-{len(files) + 1:05d}.safetensors"
+        save_file({k: v.cpu() for k, v in shard.items()}, str(out / name), metadata={"format": "pt"})
+        files.append(list(shard))
+        for k in shard:
+            weight_map[k] = name
+        shard.clear()
+
+    size = 0
+    for key, p in meta.state_dict().items():
+        if p.dim() == 1:  # RMSNorm weights: ones, as the model initialises them
+            t = torch.ones(p.shape, dtype=torch.bfloat16, device=a.device)
+        else:
+            t = (torch.randn(p.shape, generator=gen, device=a.device, dtype=torch.bfloat16) * 0.02).to(
+                torch.float8_e4m3fn)
+        shard[key] = t
+        size += t.numel() * t.element_size()
+        total += t.numel() * t.element_size()
+        n += t.numel()
+        if size >= 5 * 10**9:
+            flush()
+            size = 0
+    if shard:
+        flush()
+    (out / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
+    cfg.dtype = "bfloat16"
+    cfg.save_pretrained(out)
+    print(f"{out}: {n / 1e9:.3f}B params as fp8, {total / 1e9:.1f} GB in {len(files)} shards, {time.time() - t0:.1f}s",
+          flush=True)
+    return n
 
 
 def make_data(a: argparse.Namespace) -> None:
@@ -121,6 +180,7 @@ def main() -> None:
     m.add_argument("--kv-heads", type=int, default=8)
     m.add_argument("--vocab", type=int, default=128256)
     m.add_argument("--device", default="cuda:0")
+    m.add_argument("--fp8-storage", action="store_true")
     d = sub.add_parser("data")
     d.add_argument("--out", required=True)
     d.add_argument("--rows", type=int, default=128)
