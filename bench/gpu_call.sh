@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call: install the carried wheels, build the local models/data, then run bench plans within a budget.
 #   bash bench/gpu_call.sh BUDGET_SECONDS "PLAN_ARGS" [MODELS]      e.g.  bash bench/gpu_call.sh 560 "--plan perf" 8b
-# MODELS: comma list of 8b, small70b (a 70B-shaped model with few layers) - built on the last GPU in the background
+# MODELS: comma list of 8b, small70b (a 70B-shaped model with few layers), 70b-fp8 (the 70B shape stored in fp8, with
+# a 32k-vocabulary dataset), none - built on the last GPU in the background
 # while the matmul ceiling and versions are taken on GPU 0. Everything lands in $OUT.
 set -u
 T0=$(date +%s)
@@ -11,6 +12,9 @@ OUT=${OUT:-/tmp/bench_out}; AUX=/tmp/bench/aux; mkdir -p "$OUT" $AUX
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   > "$AUX/pip.log" 2>&1 || { tail -20 "$AUX/pip.log"; exit 1; }
 export PYTHONPATH=/tmp/site
+# the same set without transformers: the machine's own 5.17 under our other pins (plan "release")
+mkdir -p /tmp/site517 && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site517 $(ls .whl/*.whl | grep -v '/transformers-') > "$AUX/pip517.log" 2>&1
 NG=$(nvidia-smi -L | grep -c '^GPU ')
 LAST=$((NG - 1))
 (
@@ -18,6 +22,8 @@ LAST=$((NG - 1))
     case $m in
       8b) CUDA_VISIBLE_DEVICES=$LAST python3 bench/make_models.py model --shape llama3-8b --out /tmp/bench/models/llama3-8b --device cuda:0 ;;
       small70b) CUDA_VISIBLE_DEVICES=$LAST python3 bench/make_models.py model --shape llama2-70b --layers-override 8 --out /tmp/bench/models/llama2-70b-8l --device cuda:0 ;;
+      70b-fp8) CUDA_VISIBLE_DEVICES=$LAST python3 bench/make_models.py model --shape llama2-70b --fp8-storage --out /tmp/bench/models/llama2-70b-fp8 --device cuda:0
+               python3 bench/make_models.py data --out /tmp/bench/data/rand2048_v32k --rows 160 --row-len 2048 --vocab 32000 ;;
     esac
   done
   python3 bench/make_models.py data --out /tmp/bench/data/rand2048 --rows 160 --row-len 2048 --vocab 128256

@@ -25,7 +25,10 @@ NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "N
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
 
-_port = [29600]
+_port = [29600 if "FTJOB_BENCH_PORT_BASE" not in os.environ else int(os.environ["FTJOB_BENCH_PORT_BASE"])]
+OWNER_VAR = "FTJOB_BENCH_OWNER"
+OWNER = str(os.getpid())
+os.environ[OWNER_VAR] = OWNER  # children started any other way (subprocess.run) are ours too, not our parent's
 
 
 def port_in_use(port: int) -> bool:
@@ -142,6 +145,7 @@ class Proc:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self.log = open(log_path, "ab", buffering=0)  # noqa: SIM115
         self.log.write(f"\n$ {' '.join(argv)}\n".encode())
+        env = {**env, OWNER_VAR: OWNER}  # inherited by every worker: what kill_leftovers may kill
         self.p = subprocess.Popen(argv, env=env, cwd=cwd, stdout=self.log, stderr=subprocess.STDOUT,
                                   start_new_session=True)
         self.t0 = time.time()
@@ -274,10 +278,20 @@ def leftover_gpu_pids() -> list[int]:
     return [int(x) for x in out.split() if x.strip().isdigit()]
 
 
+def started_here(pid: int) -> bool:
+    """Whether `pid` descends from a Proc of this driver process (its environment carries our owner tag)."""
+    try:
+        return f"{OWNER_VAR}={OWNER}".encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return False
+
+
 def kill_leftovers(log: Any = print) -> None:
-    """GPU processes still alive after a job ended: ours by construction (the machine runs nothing else)."""
+    """GPU processes still alive after a job ended that this driver started (workers of torch elastic live in
+    sessions of their own and outlive a killed launcher). A background driver's processes (correctness.py beside
+    run_bench.py) carry another owner tag and are left alone."""
     for pid in leftover_gpu_pids():
-        if pid == os.getpid():
+        if pid == os.getpid() or not started_here(pid):
             continue
         log(f"killing leftover GPU process {pid}")
         try:

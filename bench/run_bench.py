@@ -62,8 +62,17 @@ def ours_spec(name: str, *, gpus: int = 2, nodes: int = 1, gc: bool = False, zer
     return H.deep_merge(spec, extra or {})
 
 
-def seed_job(name: str, cfg: str, args: list[str] | None = None, minimum: int = 100, limit: int = 200) -> dict:
-    return {"type": "seed", "name": name, "config": cfg, "args": args or [], "min": minimum, "max": limit}
+SHAPE_70B = {"numParameters": 68976648192, "hiddenSize": 8192, "numLayers": 80, "intermediateSize": 28672,
+             "vocabSize": 32000, "numAttentionHeads": 64, "numKeyValueHeads": 8}
+QLORA = {"quantType": "nf4", "doubleQuant": True, "computeDtype": "bfloat16", "storageDtype": "bfloat16"}
+# the machine's own transformers (5.17) under everything else we carry: /tmp/site517 is /tmp/site without it
+STACK_517 = {"PYTHONPATH": "/tmp/site517"}
+
+
+def seed_job(name: str, cfg: str, args: list[str] | None = None, minimum: int = 100, limit: int = 200,
+             env: dict[str, str] | None = None) -> dict:
+    return {"type": "seed", "name": name, "config": cfg, "args": args or [], "min": minimum, "max": limit,
+            "env": env or {}}
 
 
 def ours_job(name: str, levers: str = "", minimum: int = 70, limit: int = 200, note: str = "", gpu_offset: int = 0,
@@ -171,7 +180,47 @@ def plan_integrated() -> list[dict]:
     ]
 
 
-PLANS = {"integrated": plan_integrated, "perf": plan_perf, "final": plan_final, "last": plan_last, "memory": plan_memory, "cpu-smoke": plan_cpu_smoke}
+def plan_release() -> list[dict]:
+    """Call 5: why the recipe's 70B ZeRO-3 job gathers the whole model (BASELINE.md, runs 4-7). The seed script on a
+    70B-wide model of 8 and of 16 layers (batch 1), under the machine's transformers 5.17 and our pinned 5.24,
+    interleaved: if gathered parameters are never released, the peak grows by a whole bf16 layer (1.7 GB) per
+    layer, else by its shard only. Beside it, the tiny-model correctness runs still missing (CPU offload; resume
+    of ZeRO-2, ZeRO-3 + offload, QLoRA)."""
+    w70 = ["--hidden", "8192", "--intermediate", "28672", "--heads", "64", "--kv-heads", "8", "--vocab", "32000",
+           "--bsz", "1", "--steps", "4", "--measure", "3"]
+    missing = "c_zero3_offload,c_zero3_offload_resume,c_zero2_resume,c_qlora_zero3_resume"
+    return [
+        {"type": "bg_start", "name": "correctness", "argv": [H.PY, str(H.REPO / "bench/correctness.py"), "--only",
+                                                             missing], "pass_budget": True},
+        *[seed_job(f"rel_tf{v}_{n}l", "zero3", [*w70, "--layers", str(n)], minimum=50, limit=140,
+                   env=STACK_517 if v == "517" else None)
+          for n in (8, 16) for v in ("517", "524")],
+        {"type": "bg_wait", "name": "correctness"},
+    ]
+
+
+def plan_big70() -> list[dict]:
+    """Call 6: the 70B shape (fp8-stored random checkpoint, cast to bf16 on load) with our trainer on 2 GPUs:
+    QLoRA + ZeRO-3 at the seed's batch (2 x 2048), then LoRA + ZeRO-3 at the seed's batch (8 x 2048) with the
+    checkpointed activations offloaded to host memory. Beside them, the tiny correctness runs call 5 lost to a
+    harness bug (its port picker and leftover-killer collided with the foreground jobs; fixed)."""
+    data = {"dataset": {"name": str(DATA / "rand2048_v32k")}}
+    return [
+        {"type": "bg_start", "name": "correctness", "argv": [H.PY, str(H.REPO / "bench/correctness.py"), "--only",
+                                                             "c_zero3_offload,c_zero2_resume,c_zero3_offload_resume"],
+         "pass_budget": True},
+        ours_job("q70_zero3_b2", "auto", zero=3, gc=True, steps=3, model="llama2-70b-fp8", shape=SHAPE_70B,
+                 minimum=150, limit=230, note="70B QLoRA nf4 + ZeRO-3, 2 x 2048 per GPU, checkpointing",
+                 extra={"spec": {**data, "model": {"quantization": QLORA},
+                                 "training": {"perDeviceTrainBatchSize": 2}}}),
+        ours_job("l70_zero3_b8_actoff", "auto", zero=3, gc=True, steps=3, model="llama2-70b-fp8", shape=SHAPE_70B,
+                 minimum=150, limit=330, note="70B LoRA + ZeRO-3, 8 x 2048 per GPU, checkpoints offloaded to host",
+                 extra={"spec": {**data, "training": {"perDeviceTrainBatchSize": 8, "offloadActivations": True}}}),
+        {"type": "bg_wait", "name": "correctness"},
+    ]
+
+
+PLANS = {"release": plan_release, "big70": plan_big70, "integrated": plan_integrated, "perf": plan_perf, "final": plan_final, "last": plan_last, "memory": plan_memory, "cpu-smoke": plan_cpu_smoke}
 
 
 class Runner:
@@ -199,7 +248,7 @@ class Runner:
                 str(H.REPO / "bench/seed/configs" / f"{job['config']}.yaml"), "--main_process_port", str(port),
                 str(H.REPO / "bench/seed/seed_baseline.py"), "--name", job["name"], "--results", str(self.results),
                 "--outdir", "/tmp/seed_out", *job["args"]]
-        env = H.base_env({"CUDA_VISIBLE_DEVICES": gpus})
+        env = H.base_env({"CUDA_VISIBLE_DEVICES": gpus, **job.get("env", {})})
         return [H.Proc(argv, env, WORK / job["name"] / "seed.log")]
 
     def start_ours(self, job: dict) -> tuple[list[H.Proc], H.RenderedRun]:
@@ -230,7 +279,9 @@ class Runner:
         if kind == "bg_start":  # a background command (runs beside the next jobs, e.g. tiny correctness runs)
             self.log(f"BG START {name}")
             argv = [*job["argv"], "--budget", str(int(self.left() - 25))] if job.get("pass_budget") else job["argv"]
-            self.bg[name] = H.Proc(argv, H.base_env(job.get("env")), WORK / name / "bg.log")
+            # its own port range: it picks rendezvous ports while our foreground jobs pick theirs
+            env = H.base_env({"FTJOB_BENCH_PORT_BASE": "33000", **job.get("env", {})})
+            self.bg[name] = H.Proc(argv, env, WORK / name / "bg.log")
             return
         if kind == "bg_wait":
             p = self.bg.pop(name, None)
