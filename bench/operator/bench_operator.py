@@ -44,6 +44,8 @@ LABEL = "finetune.dev/job-name"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 # Resources whose requests are background noise of the fake cluster, not of anyone creating jobs.
 NOISE = {"leases", "nodes"}
+GPUS_PER_NODE = 8
+PY_SPY = Path(sys.executable).parent / "py-spy"
 
 
 def log(msg: str) -> None:
@@ -63,16 +65,29 @@ def pct(values: list[float], q: float) -> float:
     return s[k]
 
 
+def nodes_for(jobs: int, gpus_per_pod: int) -> int:
+    """Fewest 8-GPU nodes that hold every pod of `jobs` two-node jobs (the issue: 250 for 1,000 x 2 x 1 GPU)."""
+    return max(4, -(-2 * jobs * gpus_per_pod // GPUS_PER_NODE))
+
+
 class Bench:
-    def __init__(self, cluster_dir: Path, nodes: int) -> None:
+    def __init__(self, cluster_dir: Path, nodes: int, gpus_per_pod: int, profile: bool = False) -> None:
         self.dir = cluster_dir
         self.nodes = nodes
-        # up.sh's node readiness check (`kubectl wait ... --all --timeout=2s`) cannot pass with ~100+
-        # nodes on 2 cores, so up.sh gets a few nodes and the rest are cloned here (add_nodes).
-        self.env = {**os.environ, "FTJOB_CLUSTER_DIR": str(cluster_dir), "FTJOB_NODES": str(min(nodes, 8)),
-                    "FTJOB_GPUS_PER_NODE": "8", "FTJOB_UP_TIMEOUT": "300"}
-        self.bin = Path(subprocess.run([str(HACK / "build.sh"), "--print-bin"], capture_output=True, text=True,
-                                       check=True).stdout.strip())
+        self.gpus_per_pod = gpus_per_pod
+        self.profile = profile
+        self.env = {
+            **os.environ,
+            "FTJOB_CLUSTER_DIR": str(cluster_dir),
+            "FTJOB_NODES": str(nodes),
+            "FTJOB_GPUS_PER_NODE": str(GPUS_PER_NODE),
+            "FTJOB_UP_TIMEOUT": "600",
+        }
+        self.bin = Path(
+            subprocess.run(
+                [str(HACK / "build.sh"), "--print-bin"], capture_output=True, text=True, check=True
+            ).stdout.strip()
+        )
         self.kubeconfig = cluster_dir / "kubeconfig"
 
     # --- cluster -------------------------------------------------------------------------------
@@ -89,33 +104,7 @@ class Bench:
         self.custom = client.CustomObjectsApi(self.api)
         self.kubectl("apply", "--server-side", "-f", str(REPO / "crds" / "finetunejob.yaml"))
         self.kubectl("wait", "--for=condition=Established", "crd/finetunejobs.finetune.dev", "--timeout=60s")
-        self.add_nodes()
-        # wait until all nodes are Ready (KWOK)
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            nodes = self.core.list_node().items
-            ready = sum(1 for n in nodes for c in (n.status.conditions or [])
-                        if c.type == "Ready" and c.status == "True")
-            if ready >= self.nodes:
-                break
-            time.sleep(1)
-        log(f"cluster ready: {ready} Ready nodes")
-
-    def add_nodes(self) -> None:
-        """Clone kwok-gpu-0 (labels, annotations, capacity) as kwok-gpu-8 .. kwok-gpu-<nodes-1>."""
-        have = {n.metadata.name for n in self.core.list_node().items}
-        template = self.api.sanitize_for_serialization(self.core.read_node("kwok-gpu-0"))
-        for i in range(self.nodes):
-            name = f"kwok-gpu-{i}"
-            if name in have:
-                continue
-            labels = {**template["metadata"]["labels"], "kubernetes.io/hostname": name}
-            body = {"apiVersion": "v1", "kind": "Node",
-                    "metadata": {"name": name, "labels": labels,
-                                 "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"}},
-                    "status": {"capacity": template["status"]["capacity"],
-                               "allocatable": template["status"]["allocatable"]}}
-            self.core.create_node(body)
+        log(f"cluster ready: {self.nodes} Ready nodes")  # up.sh returns once all of them are Ready
 
     def down(self) -> None:
         subprocess.run([str(HACK / "down.sh")], env=self.env, check=False)
@@ -163,9 +152,21 @@ class Bench:
     def start_operator(self, ns: str, log_path: Path) -> subprocess.Popen[bytes]:
         progress = free_port()
         live = free_port()
-        args = [str(FTJOB), "operator", "--standalone", "--namespace", ns,
-                "--liveness", f"http://127.0.0.1:{live}/healthz", "--progress-port", str(progress),
-                "--metrics-port", str(free_port()), "--progress-url", f"https://127.0.0.1:{progress}"]
+        args = [
+            str(FTJOB),
+            "operator",
+            "--standalone",
+            "--namespace",
+            ns,
+            "--liveness",
+            f"http://127.0.0.1:{live}/healthz",
+            "--progress-port",
+            str(progress),
+            "--metrics-port",
+            str(free_port()),
+            "--progress-url",
+            f"https://127.0.0.1:{progress}",
+        ]
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
         proc = subprocess.Popen(args, env=env, stdout=log_path.open("ab"), stderr=subprocess.STDOUT)
         import urllib.request
@@ -204,6 +205,31 @@ class Bench:
                 return int(line.split()[1]) / 1024
         return float("nan")
 
+    # --- profiling -----------------------------------------------------------------------------
+    @staticmethod
+    def start_profiler(pid: int, out: Path) -> subprocess.Popen[bytes]:
+        """py-spy samples the operator (collapsed stacks, 100 Hz, idle frames dropped) until SIGINT."""
+        cmd = [
+            str(PY_SPY),
+            "record",
+            "--pid",
+            str(pid),
+            "--format",
+            "raw",
+            "--rate",
+            "100",
+            "--nonblocking",
+            "-o",
+            str(out),
+        ]
+        return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    @staticmethod
+    def stop_profiler(spy: subprocess.Popen[bytes], out: Path) -> dict[str, Any]:
+        spy.send_signal(signal.SIGINT)
+        spy.wait(60)
+        return summarize_profile(out.read_text()) | {"file": str(out)}
+
     # --- watching ------------------------------------------------------------------------------
     def watch_pods(self, ns: str, seen: dict[str, float], stop: threading.Event) -> threading.Thread:
         """Record the first time each pod is seen (monotonic), keyed by pod name."""
@@ -229,11 +255,11 @@ class Bench:
         return t
 
     # --- bodies --------------------------------------------------------------------------------
-    @staticmethod
-    def ftj(name: str) -> dict[str, Any]:
+    def ftj(self, name: str) -> dict[str, Any]:
         body = yaml.safe_load((REPO / "examples" / "llama-70b-lora-2x8.yaml").read_text())
         body["metadata"] = {"name": name}
         spec = body["spec"]
+        spec["distributed"]["gpusPerNode"] = self.gpus_per_pod
         spec["output"]["checkpoints"] = {"emptyDir": {}}
         spec["template"] = {"annotations": {f"{KWOK}/hold": "true"}}
         spec["runPolicy"] = {"backoffLimit": 2}
@@ -277,8 +303,10 @@ class Bench:
                 self.custom.delete_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
                 # idle cluster for the next run: wait until its pods are gone
                 deadline = time.monotonic() + 60
-                while time.monotonic() < deadline and self.core.list_namespaced_pod(
-                        ns, label_selector=f"{LABEL}={name}").items:
+                while (
+                    time.monotonic() < deadline
+                    and self.core.list_namespaced_pod(ns, label_selector=f"{LABEL}={name}").items
+                ):
                     time.sleep(0.2)
                 if (i + 1) % 10 == 0:
                     log(f"single: {i + 1}/{runs} runs, last pods {t_pods:.3f}s running {t_run:.3f}s")
@@ -289,11 +317,20 @@ class Bench:
         self.delete_namespace(ns)
         return {
             "runs": runs,
-            "create_to_pods_s": {"p50": pct(to_pods, 50), "p99": pct(to_pods, 99), "mean": statistics.mean(to_pods),
-                                 "min": min(to_pods), "max": max(to_pods)},
-            "create_to_running_s": {"p50": pct(to_running, 50), "p99": pct(to_running, 99),
-                                    "mean": statistics.mean(to_running), "min": min(to_running),
-                                    "max": max(to_running)},
+            "create_to_pods_s": {
+                "p50": pct(to_pods, 50),
+                "p99": pct(to_pods, 99),
+                "mean": statistics.mean(to_pods),
+                "min": min(to_pods),
+                "max": max(to_pods),
+            },
+            "create_to_running_s": {
+                "p50": pct(to_running, 50),
+                "p99": pct(to_running, 99),
+                "mean": statistics.mean(to_running),
+                "min": min(to_running),
+                "max": max(to_running),
+            },
             "operator_peak_rss_mib": rss,
             "samples": {"create_to_pods_s": to_pods, "create_to_running_s": to_running},
         }
@@ -311,8 +348,9 @@ class Bench:
         delta = {k: after[k] - before.get(k, 0) for k in after if after[k] - before.get(k, 0) > 0}
         total = sum(delta.values())
         no_noise = sum(v for (verb, res), v in delta.items() if res not in NOISE)
-        by = sorted(((f"{verb} {res}", v) for (verb, res), v in delta.items() if res not in NOISE),
-                    key=lambda kv: -kv[1])
+        by = sorted(
+            ((f"{verb} {res}", v) for (verb, res), v in delta.items() if res not in NOISE), key=lambda kv: -kv[1]
+        )
         return {"total": total, "excluding_noise": no_noise, "by_verb_resource": dict(by[:25])}
 
     def burst_operator(self, n: int, workdir: Path, timeout: float) -> dict[str, Any]:
@@ -322,6 +360,7 @@ class Bench:
         stop = threading.Event()
         self.watch_pods(ns, seen, stop)
         time.sleep(3)  # operator settled
+        spy = self.start_profiler(op.pid, workdir / f"profile-burst-{n}.txt") if self.profile else None
         cpu0 = self.cpu_seconds(op.pid)
         req0 = self.request_counts()
         t0 = time.monotonic()
@@ -344,14 +383,21 @@ class Bench:
         req2 = self.request_counts()
         rss = self.peak_rss_mib(op.pid)
         stop.set()
+        profile = self.stop_profiler(spy, workdir / f"profile-burst-{n}.txt") if spy else None
         self.stop_operator(op)
-        self.delete_namespace(ns, wait=300)
+        self.delete_namespace(ns, wait=600)
         return {
-            "jobs": n, "create_calls_s": t_created, "create_to_all_pods_s": t_pods,
+            "profile": profile,
+            "jobs": n,
+            "create_calls_s": t_created,
+            "create_to_all_pods_s": t_pods,
             "create_to_all_running_s": t_running,
-            "operator_cpu_s_to_pods": cpu_pods, "operator_cpu_s_to_running": cpu_running,
-            "operator_cpu_s_per_job": cpu_running / n, "operator_peak_rss_mib": rss,
-            "requests_to_pods": self._requests(req0, req1), "requests_to_running": self._requests(req0, req2),
+            "operator_cpu_s_to_pods": cpu_pods,
+            "operator_cpu_s_to_running": cpu_running,
+            "operator_cpu_s_per_job": cpu_running / n,
+            "operator_peak_rss_mib": rss,
+            "requests_to_pods": self._requests(req0, req1),
+            "requests_to_running": self._requests(req0, req2),
         }
 
     def burst_floor(self, n: int, timeout: float) -> dict[str, Any]:
@@ -377,17 +423,60 @@ class Bench:
         t_pods = self._wait_pods(seen, 2 * n, t0, timeout)
         req1 = self.request_counts()
         stop.set()
-        self.delete_namespace(ns, wait=300)
-        return {"jobs": n, "create_calls_s": t_created, "create_to_all_pods_s": t_pods,
-                "requests_to_pods": self._requests(req0, req1)}
+        self.delete_namespace(ns, wait=600)
+        return {
+            "jobs": n,
+            "create_calls_s": t_created,
+            "create_to_all_pods_s": t_pods,
+            "requests_to_pods": self._requests(req0, req1),
+        }
+
+
+def frame_name(frame: str) -> str:
+    """'reconcile (finetune_operator/reconcile.py:42)' -> 'reconcile (finetune_operator/reconcile.py)'."""
+    name, _, where = frame.partition(" (")
+    path = where.rstrip(")").rsplit(":", 1)[0]
+    for marker in ("site-packages/", "finetune_operator/", "lib/python3"):
+        if marker in path:
+            path = path[path.index(marker) :]
+            break
+    return f"{name} ({path})"
+
+
+def summarize_profile(collapsed: str, top: int = 25) -> dict[str, Any]:
+    """Self and inclusive sample shares per function from py-spy's collapsed stacks ('a;b;c 12')."""
+    own: Counter[str] = Counter()
+    incl: Counter[str] = Counter()
+    total = 0
+    for line in collapsed.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        frames = [frame_name(f) for f in stack.split(";") if not f.startswith(("process ", "thread "))]
+        if not frames:
+            continue
+        n = int(count)
+        total += n
+        own[frames[-1]] += n
+        for f in set(frames):
+            incl[f] += n
+    share = lambda c: [(f, round(v / total, 4)) for f, v in c.most_common(top)]  # noqa: E731
+    return {"samples": total, "self": share(own), "inclusive": share(incl)}
 
 
 def _quantities_as_str(obj: Any) -> Any:
     """The typed client wants resource quantities as strings (the operator sends ints as JSON)."""
     if isinstance(obj, dict):
-        return {k: (str(v) if isinstance(v, int) and not isinstance(v, bool) and k in ("limits", "requests")
-                    else _quantities_as_str(v)) if not isinstance(v, dict) or k not in ("limits", "requests")
-                else {rk: str(rv) for rk, rv in v.items()} for k, v in obj.items()}
+        return {
+            k: (
+                str(v)
+                if isinstance(v, int) and not isinstance(v, bool) and k in ("limits", "requests")
+                else _quantities_as_str(v)
+            )
+            if not isinstance(v, dict) or k not in ("limits", "requests")
+            else {rk: str(rv) for rk, rv in v.items()}
+            for k, v in obj.items()
+        }
     if isinstance(obj, list):
         return [_quantities_as_str(v) for v in obj]
     return obj
@@ -397,22 +486,41 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--single", type=int, default=50, help="single-job runs (0: skip)")
     ap.add_argument("--burst", default="10,100", help="comma-separated burst sizes ('' to skip)")
-    ap.add_argument("--nodes", type=int, default=0, help="KWOK nodes (default: 2*max burst + 4)")
+    ap.add_argument(
+        "--nodes",
+        type=int,
+        default=0,
+        help="KWOK 8-GPU nodes (default: just enough for the largest burst, 2*N*gpus/8, at least 4)",
+    )
+    ap.add_argument(
+        "--gpus-per-pod",
+        type=int,
+        default=1,
+        help="spec.distributed.gpusPerNode of each 2-node job (default 1: 8 pods per 8-GPU node)",
+    )
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        help="sample the operator with py-spy during each burst (costs CPU: numbers not comparable)",
+    )
     ap.add_argument("--cluster-dir", default="/tmp/ftjob-bench-cluster")
     ap.add_argument("--timeout", type=float, default=900, help="per-burst timeout, s")
     ap.add_argument("--keep-cluster", action="store_true")
     args = ap.parse_args()
     bursts = [int(x) for x in args.burst.split(",") if x.strip()]
-    nodes = args.nodes or max(8, 2 * max(bursts or [0]) + 4)
+    nodes = args.nodes or nodes_for(max(bursts or [0]), args.gpus_per_pod)
     workdir = Path(args.cluster_dir) / "bench"
     workdir.mkdir(parents=True, exist_ok=True)
-    b = Bench(Path(args.cluster_dir), nodes)
+    b = Bench(Path(args.cluster_dir), nodes, args.gpus_per_pod, args.profile)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     result: dict[str, Any] = {
-        "date": stamp, "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                                   "python": platform.python_version()},
-        "kwok_nodes": nodes, "gpus_per_node": 8,
-        "job": "examples/llama-70b-lora-2x8.yaml (2 nodes x 8 GPUs, KWOK hold)",
+        "date": stamp,
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
+        "kwok_nodes": nodes,
+        "gpus_per_node": GPUS_PER_NODE,
+        "gpus_per_pod": args.gpus_per_pod,
+        "job": f"examples/llama-70b-lora-2x8.yaml (2 nodes x {args.gpus_per_pod} GPU(s), KWOK hold)",
+        "profiled": args.profile,
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / f"{stamp}.json"
@@ -428,8 +536,10 @@ def main() -> int:
             result["single"] = b.single(args.single, workdir)
             save()
             s = result["single"]
-            log(f"single: pods p50 {s['create_to_pods_s']['p50']:.3f} p99 {s['create_to_pods_s']['p99']:.3f}; "
-                f"running p50 {s['create_to_running_s']['p50']:.3f} p99 {s['create_to_running_s']['p99']:.3f}")
+            log(
+                f"single: pods p50 {s['create_to_pods_s']['p50']:.3f} p99 {s['create_to_pods_s']['p99']:.3f}; "
+                f"running p50 {s['create_to_running_s']['p50']:.3f} p99 {s['create_to_running_s']['p99']:.3f}"
+            )
         result["burst"] = []
         for n in bursts:
             log(f"(b) burst {n}: floor")
@@ -439,15 +549,23 @@ def main() -> int:
             ratio = oper["create_to_all_pods_s"] / floor["create_to_all_pods_s"]
             req_op = oper["requests_to_pods"]["excluding_noise"]
             req_fl = floor["requests_to_pods"]["excluding_noise"]
-            result["burst"].append({
-                "jobs": n, "floor": floor, "operator": oper, "ratio_operator_over_floor": ratio,
-                "requests_per_job_operator_run": req_op / n, "requests_per_job_floor_run": req_fl / n,
-                "requests_per_job_attributable_to_operator": (req_op - req_fl) / n,
-            })
+            result["burst"].append(
+                {
+                    "jobs": n,
+                    "floor": floor,
+                    "operator": oper,
+                    "ratio_operator_over_floor": ratio,
+                    "requests_per_job_operator_run": req_op / n,
+                    "requests_per_job_floor_run": req_fl / n,
+                    "requests_per_job_attributable_to_operator": (req_op - req_fl) / n,
+                }
+            )
             save()
-            log(f"burst {n}: operator {oper['create_to_all_pods_s']:.2f}s vs floor "
+            log(
+                f"burst {n}: operator {oper['create_to_all_pods_s']:.2f}s vs floor "
                 f"{floor['create_to_all_pods_s']:.2f}s (x{ratio:.2f}); rss {oper['operator_peak_rss_mib']:.0f} MiB; "
-                f"cpu/job {oper['operator_cpu_s_per_job']:.3f}s; req/job {req_op / n:.1f} vs floor {req_fl / n:.1f}")
+                f"cpu/job {oper['operator_cpu_s_per_job']:.3f}s; req/job {req_op / n:.1f} vs floor {req_fl / n:.1f}"
+            )
     finally:
         save()
         if not args.keep_cluster:

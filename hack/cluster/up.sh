@@ -219,8 +219,15 @@ status:
 EOF
   done
 }
+nodes_ready() {  # at least $NODES nodes report Ready=True, from one list call
+  # (`kubectl wait --all --timeout=2s` checks node by node and never passes with ~100+ nodes on 2 cores)
+  local ready
+  ready=$("${KUBECTL[@]}" get nodes -o jsonpath='{range .items[*]}{.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}' |
+    grep -c '^True$') || return 1
+  ((ready >= NODES))
+}
 nodes_yaml | "${KUBECTL[@]}" apply -f - >/dev/null
-wait_for "$NODES nodes Ready" kwok "${KUBECTL[@]}" wait --for=condition=Ready node --all --timeout=2s
+wait_for "$NODES nodes Ready" kwok nodes_ready
 # kube-controller-manager's serviceaccount controller creates the default ServiceAccount, which
 # the ServiceAccount admission plugin needs before any pod in a namespace can be created.
 wait_for "default ServiceAccount" kube-controller-manager "${KUBECTL[@]}" -n default get serviceaccount default
