@@ -17,9 +17,10 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from finetune_operator import constants
+from finetune_operator.api.errors import InvalidSpecError
 from finetune_operator.api.resource import FineTuneJob
 from finetune_operator.api.status import TERMINAL_PHASES, FineTuneJobStatus
-from finetune_operator.render import RenderOptions, render_all
+from finetune_operator.render import Rendered, RenderOptions, render_all
 from finetune_operator.render.names import attempt_job_name
 from finetune_operator.status import (
     STUCK_AFTER,
@@ -112,14 +113,30 @@ def desired_suspend(job: FineTuneJob) -> bool | None:
     return False
 
 
+def _render_guess(job: FineTuneJob, options: RenderOptions) -> tuple[int, Rendered | InvalidSpecError | None]:
+    """Render once for the attempt the job is most likely on (its current one); nothing for a finished job."""
+    if job.status.phase in TERMINAL_PHASES:
+        return 0, None
+    attempt = max(job.status.attempt, 1)
+    try:
+        return attempt, render_all(job, replace(options, attempt=attempt))
+    except InvalidSpecError as exc:
+        return attempt, exc
+
+
 def reconcile(job: FineTuneJob, observed: Observed, now: datetime, options: RenderOptions) -> Actions:
     """Everything needed to move the cluster toward the job's spec."""
-    result = compute_status(job, observed, now)
+    guessed, rendered_guess = _render_guess(job, options)
+    result = compute_status(job, observed, now, rendered=rendered_guess)
     status = result.status
     if status.phase in TERMINAL_PHASES:
         return _terminal(job, observed, result, now)
     attempt = status.attempt
-    rendered = render_all(job, replace(options, attempt=attempt))
+    # Only a restart moves to another attempt; then the Job (name, rendezvous host) is rendered again.
+    if attempt == guessed and isinstance(rendered_guess, Rendered):
+        rendered = rendered_guess
+    else:
+        rendered = render_all(job, replace(options, attempt=attempt))
     apply = []
     if observed.config_map != rendered.config_map["data"]:
         apply.append(owned(rendered.config_map, job))

@@ -15,7 +15,7 @@ from finetune_operator import constants
 from finetune_operator.api.errors import InvalidSpecError
 from finetune_operator.api.resource import FineTuneJob
 from finetune_operator.api.status import TERMINAL_PHASES, Condition, FineTuneJobStatus, Phase, PlanSummary
-from finetune_operator.render import render_all
+from finetune_operator.render import Rendered, render_all
 from finetune_operator.render.workload import TERMINATION_GRACE_SECONDS
 
 EXIT_MEANINGS = {
@@ -249,11 +249,13 @@ def _conditions(prev: FineTuneJobStatus, v: _Verdict, created: bool, now: dateti
     return conditions
 
 
-def _plan_or_errors(job: FineTuneJob) -> PlanSummary | InvalidSpecError:
-    try:
-        plan = render_all(job).plan
-    except InvalidSpecError as exc:
-        return exc
+def _plan_or_errors(job: FineTuneJob, rendered: Rendered | InvalidSpecError | None) -> PlanSummary | InvalidSpecError:
+    """The plan summary from the caller's rendering when it has one (rendering is most of a reconcile's CPU)."""
+    if rendered is None:
+        rendered = render_or_errors(job)
+    if isinstance(rendered, InvalidSpecError):
+        return rendered
+    plan = rendered.plan
     return PlanSummary.model_validate(
         {
             "zeroStage": plan.strategy.zero_stage,
@@ -264,13 +266,26 @@ def _plan_or_errors(job: FineTuneJob) -> PlanSummary | InvalidSpecError:
     )
 
 
-def compute_status(job: FineTuneJob, observed: Observed, now: datetime) -> StatusResult:
-    """The job's next status and the transitions since the previous one."""
+def render_or_errors(job: FineTuneJob) -> Rendered | InvalidSpecError:
+    """`render_all` with its InvalidSpecError as a value (the plan does not depend on the render options)."""
+    try:
+        return render_all(job)
+    except InvalidSpecError as exc:
+        return exc
+
+
+def compute_status(
+    job: FineTuneJob, observed: Observed, now: datetime, *, rendered: Rendered | InvalidSpecError | None = None
+) -> StatusResult:
+    """The job's next status and the transitions since the previous one.
+
+    `rendered`: the job already rendered (any options) or its InvalidSpecError; rendered here when None.
+    """
     prev = job.status
     generation = job.metadata.generation
     if prev.phase in TERMINAL_PHASES:
         return StatusResult(prev.model_copy(update={"ready_nodes": 0}), [])
-    plan = _plan_or_errors(job)
+    plan = _plan_or_errors(job, rendered)
     if isinstance(plan, InvalidSpecError):
         fields = ", ".join(sorted({e.path for e in plan.errors}))
         v = _Verdict("Failed", "InvalidSpec", f"invalid spec ({fields}): {plan}"[:32768], prev.attempt)

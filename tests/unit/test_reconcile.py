@@ -1,5 +1,6 @@
 """reconcile: desired children versus observed ones → the actions the handlers apply."""
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -110,6 +111,27 @@ def test_children_are_the_rendered_ones_owned_by_the_job() -> None:
 def test_the_same_state_always_gives_the_same_actions() -> None:
     observed = seen(AttemptObserved(1, "demo-1", failed=True, pods=LOST))
     assert reconcile(ftj(), observed, NOW, OPTIONS) == reconcile(ftj(), observed, NOW, OPTIONS)
+
+
+def test_a_steady_job_is_rendered_once_and_a_restart_renders_the_new_attempt(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+
+    def counting(job: FineTuneJob, options: RenderOptions | None = None) -> Any:
+        calls.append((options or RenderOptions()).attempt)
+        return render_all(job, options)
+
+    monkeypatch.setattr("finetune_operator.reconcile.render_all", counting)
+    monkeypatch.setattr("finetune_operator.status.render_all", counting)
+    running = ftj(status={"phase": "Running", "attempt": 1})
+    reconcile(running, seen(AttemptObserved(1, "demo-1", pods=RUNNING)), NOW, OPTIONS)
+    assert calls == [1]
+    calls.clear()
+    restart = reconcile(running, seen(AttemptObserved(1, "demo-1", failed=True, pods=LOST)), NOW, OPTIONS)
+    assert calls == [1, 2]
+    expected = render_all(running, replace(OPTIONS, attempt=2)).job
+    assert {k: v for k, v in restart.create[0].items() if k != "metadata"} == {
+        k: v for k, v in expected.items() if k != "metadata"
+    }
 
 
 def test_deadline_and_ttl_ask_for_a_wake_up() -> None:

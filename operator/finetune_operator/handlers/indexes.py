@@ -4,6 +4,8 @@ Each index keeps a small frozen summary rather than the body, so memory stays fl
 owner uid so the children of a deleted namesake are never taken for this job's. `observe()` folds
 the index entries of one job into the pure `Observed` that `reconcile` reads. kopf fills indexes
 before any other handler runs, so the first reconcile after a restart already sees every child.
+The index functions are `async` only so that kopf calls them inline: a sync one goes through a thread
+pool for each of the thousands of child events of a burst.
 """
 
 import json
@@ -134,24 +136,24 @@ def observe(
 
 
 @kopf.index("batch", "v1", "jobs", labels=CHILD_LABELS)
-def ftj_jobs(body: kopf.Body, **_: Any) -> dict[Key, Owned]:
+async def ftj_jobs(body: kopf.Body, **_: Any) -> dict[Key, Owned]:
     """Attempt Jobs by owning FineTuneJob."""
     return {key_of(body.meta): Owned(owner_uid(body.meta), str(body.meta.uid), summarize_job(body))}
 
 
 @kopf.index("", "v1", "pods", labels=CHILD_LABELS)
-def ftj_pods(body: kopf.Body, **_: Any) -> dict[Key, Owned]:
+async def ftj_pods(body: kopf.Body, **_: Any) -> dict[Key, Owned]:
     """Trainer pods by FineTuneJob; the owner uid here is the attempt Job's."""
     return {key_of(body.meta): Owned(owner_uid(body.meta), str(body.meta.uid), summarize_pod(body))}
 
 
 @kopf.index("", "v1", "configmaps", labels=CHILD_LABELS)
-def ftj_configmaps(body: kopf.Body, **_: Any) -> dict[Key, Owned]:
+async def ftj_configmaps(body: kopf.Body, **_: Any) -> dict[Key, Owned]:
     """Rendered config files by FineTuneJob."""
     return {key_of(body.meta): Owned(owner_uid(body.meta), str(body.meta.uid), dict(body.get("data") or {}))}
 
 
 @kopf.index("", "v1", "services", labels=CHILD_LABELS)
-def ftj_services(body: kopf.Body, **_: Any) -> dict[Key, Owned]:
+async def ftj_services(body: kopf.Body, **_: Any) -> dict[Key, Owned]:
     """Headless Services by FineTuneJob."""
     return {key_of(body.meta): Owned(owner_uid(body.meta), str(body.meta.uid), True)}
