@@ -9,10 +9,12 @@ decisions; it never logs object bodies, tokens or env.
 
 import json
 import logging
+import os
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import aiohttp
 import kopf
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -23,6 +25,7 @@ FIELD_MANAGER = "finetune-operator"
 MERGE_PATCH = "application/merge-patch+json"
 APPLY_PATCH = "application/apply-patch+yaml"
 RETRYABLE = frozenset({409, 429, 500, 502, 503, 504})
+PROXY_ENV = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
 log = logging.getLogger(__name__)
 
 
@@ -43,6 +46,20 @@ def _retry(exc: ApiException, what: str) -> kopf.TemporaryError:
     return kopf.TemporaryError(f"{what}: HTTP {exc.status} {exc.reason}", delay=1)
 
 
+def _skip_env_lookups(api: client.ApiClient) -> None:
+    """Reopen the client's aiohttp session with trust_env off (same connector and read buffer).
+
+    kubernetes_asyncio opens it with trust_env=True, so aiohttp reads ~/.netrc and the proxy variables in
+    a worker thread on every request: 13% of the operator's samples in a 100-job burst. Only called when
+    no proxy variable is set; a kubeconfig `proxy-url` is passed per request and still works.
+    """
+    rest: Any = api.rest_client
+    old: aiohttp.ClientSession = rest.pool_manager
+    connector = old.connector
+    old.detach()  # the old session lets go of the connector without closing it
+    rest.pool_manager = aiohttp.ClientSession(connector=connector, trust_env=False, read_bufsize=2**21)
+
+
 @dataclass
 class Kube:
     """API handles shared by every handler (kept in memo, never in a module global)."""
@@ -56,7 +73,10 @@ class Kube:
             config.load_incluster_config()  # type: ignore[no-untyped-call]
         except config.ConfigException:
             await config.load_kube_config()
-        return cls(api=client.ApiClient())
+        api = client.ApiClient()
+        if not any(os.environ.get(v) for v in PROXY_ENV):
+            _skip_env_lookups(api)
+        return cls(api=api)
 
     async def close(self) -> None:
         await self.api.close()
@@ -90,7 +110,12 @@ class Kube:
         """Merge-patch the status subresource (only the keys given); False when the job is gone."""
         try:
             await self.custom.patch_namespaced_custom_object_status(
-                constants.GROUP, constants.VERSION, namespace, constants.PLURAL, name, {"status": status},
+                constants.GROUP,
+                constants.VERSION,
+                namespace,
+                constants.PLURAL,
+                name,
+                {"status": status},
                 _content_type=MERGE_PATCH,
             )
         except ApiException as exc:
@@ -174,8 +199,9 @@ class Kube:
     async def suspend_job(self, namespace: str, name: str, suspend: bool) -> None:
         """Set the attempt Job's spec.suspend (the Job controller deletes or recreates pods)."""
         try:
-            await self.batch.patch_namespaced_job(name, namespace, {"spec": {"suspend": suspend}},
-                                                  _content_type=MERGE_PATCH)
+            await self.batch.patch_namespaced_job(
+                name, namespace, {"spec": {"suspend": suspend}}, _content_type=MERGE_PATCH
+            )
         except ApiException as exc:
             if exc.status != 404:
                 raise _retry(exc, f"suspend Job {name}") from None
@@ -187,23 +213,36 @@ class Kube:
         event = {
             "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
             "involvedObject": {
-                "apiVersion": constants.API_VERSION, "kind": constants.KIND, "name": meta["name"],
-                "namespace": meta["namespace"], "uid": meta.get("uid"), "resourceVersion": meta.get("resourceVersion"),
+                "apiVersion": constants.API_VERSION,
+                "kind": constants.KIND,
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta.get("uid"),
+                "resourceVersion": meta.get("resourceVersion"),
             },
-            "type": type_, "reason": reason, "message": message[:1024],
-            "source": {"component": FIELD_MANAGER}, "reportingComponent": FIELD_MANAGER,
-            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+            "type": type_,
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": FIELD_MANAGER},
+            "reportingComponent": FIELD_MANAGER,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
         }
         try:
             await self.core.create_namespaced_event(meta["namespace"], event)
         except ApiException as exc:
-            log.warning("could not post event %s on %s/%s: HTTP %s", reason, meta["namespace"], meta["name"],
-                        exc.status)
+            log.warning(
+                "could not post event %s on %s/%s: HTTP %s", reason, meta["namespace"], meta["name"], exc.status
+            )
 
     async def review_token(self, token: str, audience: str) -> dict[str, Any]:
         """TokenReview for one audience; returns the review status as a plain dict."""
-        body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
-                "spec": {"token": token, "audiences": [audience]}}
+        body = {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenReview",
+            "spec": {"token": token, "audiences": [audience]},
+        }
         auth: Any = client.AuthenticationV1Api(self.api)
         review = await auth.create_token_review(body)
         result: dict[str, Any] = self.api.sanitize_for_serialization(review.status) or {}

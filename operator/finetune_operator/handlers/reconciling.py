@@ -12,6 +12,7 @@ import logging
 from datetime import UTC, datetime
 from typing import Any
 
+import aiohttp
 import kopf
 from pydantic import ValidationError
 
@@ -62,6 +63,10 @@ async def reconcile_job(state: OperatorState, key: Key, body: dict[str, Any] | N
                 return
             except TimeoutError:  # a hung API call must not hold this job's lock (and status) forever
                 log.warning("[%s/%s] reconcile took over %s s; retrying", *key, RECONCILE_TIMEOUT_SECONDS)
+                requeue.schedule(state, key, 1.0)
+                return
+            except (aiohttp.ClientError, OSError) as exc:  # dropped/refused connection (TimeoutError is caught above)
+                log.warning("[%s/%s] API server connection failed (%s); retrying", *key, type(exc).__name__)
                 requeue.schedule(state, key, 1.0)
                 return
             except Exception:  # a bug or an unexpected answer: logged, retried later, never fatal
