@@ -22,8 +22,14 @@ from .conftest import size
 pytestmark = pytest.mark.controlplane
 
 PHASES = {"Pending", "WaitingForAdmission", "Running", "Restarting", "Succeeded", "Failed", "Suspended"}
-anything = st.one_of(st.none(), st.booleans(), st.integers(-3, 1 << 33), st.floats(allow_nan=False, width=32),
-                     st.text(max_size=12), st.lists(st.integers(0, 3), max_size=2))
+anything = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-3, 1 << 33),
+    st.floats(allow_nan=False, width=32),
+    st.text(max_size=12),
+    st.lists(st.integers(0, 3), max_size=2),
+)
 # (path, strategy): mostly plausible values, with the odd wrong type / out-of-range value.
 MUTATIONS: list[tuple[tuple[str, ...], st.SearchStrategy[Any]]] = [
     (("distributed", "nodes"), st.one_of(st.integers(-1, 40), anything)),
@@ -75,8 +81,13 @@ def test_generated_specs_are_rejected_or_reach_a_phase(cluster: Cluster, namespa
     rejected: list[tuple[str, str]] = []
     counter = iter(range(10**6))
 
-    @settings(max_examples=size(50, 2000), deadline=None, derandomize=True, database=None,
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=size(50, 2000),
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
     @given(specs())
     def apply_one(body: dict[str, Any]) -> None:
         name = f"gen-{next(counter)}"
@@ -92,13 +103,16 @@ def test_generated_specs_are_rejected_or_reach_a_phase(cluster: Cluster, namespa
     assert accepted, "no generated spec got through the CRD schema"
 
     def all_have_phase() -> dict[str, dict[str, Any]] | None:
-        found = {o["metadata"]["name"]: o.get("status") or {}
-                 for o in (get(cluster, namespace, "finetunejobs") or {"items": []})["items"]}
+        found = {
+            o["metadata"]["name"]: o.get("status") or {}
+            for o in (get(cluster, namespace, "finetunejobs") or {"items": []})["items"]
+        }
         missing = [n for n in accepted if not found.get(n, {}).get("phase")]
         return found if not missing else None
 
-    found = wait_until(all_have_phase, timeout=60 + 0.5 * len(accepted), interval=1,
-                       what="a phase on every accepted FineTuneJob")
+    found = wait_until(
+        all_have_phase, timeout=60 + 0.5 * len(accepted), interval=1, what="a phase on every accepted FineTuneJob"
+    )
     for name in accepted:
         st_ = found[name]
         assert st_["phase"] in PHASES, (name, st_)
@@ -107,6 +121,6 @@ def test_generated_specs_are_rejected_or_reach_a_phase(cluster: Cluster, namespa
     time.sleep(2)
     assert operator.proc is not None and operator.proc.poll() is None, "operator died"
     log = operator.log_path.read_text(errors="replace")
-    assert "Traceback" not in log, log[log.index("Traceback") - 2000:][:6000]
+    assert "Traceback" not in log, log[log.index("Traceback") - 2000 :][:6000]
     outcomes = sorted({(found[n]["phase"], ((found[n].get("conditions") or [{}])[-1]).get("reason")) for n in accepted})
     print(f"{len(accepted)} accepted (outcomes {outcomes}), {len(rejected)} rejected at apply")

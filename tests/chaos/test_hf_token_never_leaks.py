@@ -19,12 +19,19 @@ def test_hf_token_appears_nowhere(cluster: Cluster, namespace: str, operator: Op
     token = "hf_" + "".join(random.Random().choice(string.ascii_letters) for _ in range(34))
     cluster.kubectl("-n", namespace, "create", "secret", "generic", "hf-token", f"--from-literal=token={token}")
     ref = {"name": "hf-token", "key": "token"}
-    for name, example, fail in (("tok-ok", "tiny-cpu", False), ("tok-gang", "llama-70b-lora-2x8", False),
-                                ("tok-fail", "tiny-cpu", True)):
+    for name, example, fail in (
+        ("tok-ok", "tiny-cpu", False),
+        ("tok-gang", "llama-70b-lora-2x8", False),
+        ("tok-fail", "tiny-cpu", True),
+    ):
         body = ftj(example, name=name, run_seconds=2, fail=fail, backoffLimit=1)
         body["spec"]["model"]["tokenSecretRef"] = ref
-        body["spec"]["output"]["hub"] = {"repoId": f"my-org/{name}", "private": True, "strategy": "checkpoint",
-                                         "tokenSecretRef": ref}
+        body["spec"]["output"]["hub"] = {
+            "repoId": f"my-org/{name}",
+            "private": True,
+            "strategy": "checkpoint",
+            "tokenSecretRef": ref,
+        }
         apply(cluster, namespace, body)
     wait_phase(cluster, namespace, "Succeeded", name="tok-ok", timeout=90)
     wait_phase(cluster, namespace, "Succeeded", name="tok-gang", timeout=90)

@@ -52,7 +52,8 @@ def phases(cluster: Cluster, namespace: str) -> dict[str, dict[str, Any]]:
 
 
 def test_sigkill_storm_leaves_no_duplicates_no_orphans_right_terminal_states(
-        cluster: Cluster, namespace: str, operator: Operator) -> None:
+    cluster: Cluster, namespace: str, operator: Operator
+) -> None:
     rng = random.Random(8)
     jobs = plan(size(10, 100))
     expected = {b["metadata"]["name"]: (phase, attempt) for b, phase, attempt in jobs}
@@ -84,8 +85,10 @@ def test_sigkill_storm_leaves_no_duplicates_no_orphans_right_terminal_states(
     assert got == expected, f"after {kills} SIGKILLs"
 
     uids = {o["metadata"]["uid"]: n for n, o in final.items()}
-    children = {kind: (get(cluster, namespace, kind, "-l", LABEL) or {"items": []})["items"]
-                for kind in ("configmaps", "services", "jobs")}
+    children = {
+        kind: (get(cluster, namespace, kind, "-l", LABEL) or {"items": []})["items"]
+        for kind in ("configmaps", "services", "jobs")
+    }
     for kind, objs in children.items():
         per_job: dict[str, list[str]] = {}
         for c in objs:
