@@ -7,6 +7,10 @@ Run in place of `-m finetune_trainer` in the rendered node command. It changes n
    during training (reset at on_train_begin), max reserved, and the device's used memory at the end.
  * FTJOB_SPEED=varlen,liger,... applies speed levers through finetune_trainer.speed when the trainer itself does
    not (for measuring levers one at a time); FTJOB_BENCH_NOTE is copied into the result.
+ * FTJOB_BENCH_FP8_CAST=1: checkpoints stored in fp8 (make_models.py --fp8-storage, for the 70B shape) are cast to
+   the load dtype on the GPU instead of by PyTorch's scalar CPU cast (17x slower loads than the 8B bf16 checkpoint:
+   call 6). FTJOB_BENCH_RANDOM_INIT=1: a non-quantized model is built from its config under zero.Init with random
+   weights instead of loaded (the issue's "built under ZeRO-3 init"). Neither changes what is trained.
 Rank 0 appends one JSON line to $FTJOB_BENCH_RESULTS in the seed script's result schema (plus our fields).
 """
 
@@ -21,7 +25,40 @@ import statistics  # noqa: E402
 import sys  # noqa: E402
 
 
+def bench_model_shims() -> None:
+    """Bench-only loading shortcuts for random-weight models (see the module docstring)."""
+    import torch
+
+    if os.environ.get("FTJOB_BENCH_FP8_CAST") == "1" and torch.cuda.is_available():
+        import transformers.core_model_loading as cml
+
+        materialize = cml._materialize_copy
+        gpu = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+
+        def cast_on_gpu(tensor, device=None, dtype=None):  # noqa: ANN001, ANN202
+            if tensor.dtype == torch.float8_e4m3fn and dtype is not None and dtype != tensor.dtype:
+                out = tensor.to(gpu).to(dtype)  # 1 byte per parameter over PCIe, the cast on the GPU
+                return out if device is not None and torch.device(device).type == "cuda" else out.to(device or "cpu")
+            return materialize(tensor, device, dtype)
+
+        cml._materialize_copy = cast_on_gpu
+    if os.environ.get("FTJOB_BENCH_RANDOM_INIT") == "1":
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        load = AutoModelForCausalLM.from_pretrained
+
+        def build_random(path, **kw):  # noqa: ANN001, ANN003, ANN202
+            if "quantization_config" in kw:
+                return load(path, **kw)
+            print(f"bench: building {path} from its config with random weights (zero.Init under ZeRO-3)", flush=True)
+            return AutoModelForCausalLM.from_config(
+                AutoConfig.from_pretrained(path), dtype=kw.get("dtype"), attn_implementation=kw.get("attn_implementation"))
+
+        AutoModelForCausalLM.from_pretrained = staticmethod(build_random)
+
+
 def main() -> int:
+    bench_model_shims()
     import torch
     import torch.distributed as dist
     import trl
