@@ -19,7 +19,8 @@ import os
 import sys
 from pathlib import Path
 
-from finetune_trainer.errors import EXIT_SIGTERM, PermanentError, PushFailedError
+from finetune_trainer.compat import zero3_checkpointing_problem
+from finetune_trainer.errors import EXIT_SIGTERM, InvalidConfigError, PermanentError, PushFailedError
 
 log = logging.getLogger("finetune_trainer")
 
@@ -45,6 +46,7 @@ def train(config_path: str) -> int:
     prepare_cpu_backend(cfg)
     args = build_sft_config(cfg)  # before the model: ZeRO-3 shards while loading
 
+    import transformers
     from accelerate import PartialState
     from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
     from trl.trainer.sft_trainer import SFTTrainer
@@ -52,6 +54,11 @@ def train(config_path: str) -> int:
     state = PartialState()
     _quiet_replicas(state.is_main_process)
     zero3 = bool(is_deepspeed_zero3_enabled())  # type: ignore[no-untyped-call]
+    problem = zero3_checkpointing_problem(
+        transformers.__version__, zero3=zero3, checkpointing=cfg.training.gradient_checkpointing
+    )
+    if problem is not None:
+        raise InvalidConfigError(problem)
     log.info(
         "job %s/%s: %d processes on %d machines, %s, ZeRO-3 %s",
         cfg.job.namespace,
