@@ -26,7 +26,10 @@ QUANT_FRAGMENTATION_BYTES = 1.5 * GIB
 # DeepSpeed keeps up to stage3_max_live_parameters (default 1e9) gathered parameters resident on each GPU.
 ZERO3_MAX_LIVE_PARAMETERS = 1e9
 FIT_MARGIN = 0.9  # use at most 90% of the GPU
-QUANT_4BIT_BYTES = 0.5 + 0.0625  # 4-bit weights + absmax blocks (double quant makes it ~0.5 + 0.016)
+# bitsandbytes 4-bit: half a byte per weight plus one absmax per 64 weights (fp32; with double quant an 8-bit absmax
+# plus one fp32 per 256 blocks). Measured: the whole 70B model in nf4 + double quant holds 34.3 GiB on a GPU.
+QUANT_4BIT_BYTES = 0.5 + 4 / 64
+QUANT_4BIT_DOUBLE_QUANT_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)
 ADAM_STATE_BYTES = 4 + 4 + 8  # fp32 weight, fp32 grad, two fp32 moments
 BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
@@ -146,9 +149,12 @@ class Strategy:
 
 @dataclass(frozen=True)
 class MemoryEstimate:
-    """Per-GPU bytes by component."""
+    """Per-GPU bytes by component of a training step, and of model loading where that is higher."""
 
     parts: dict[str, float] = field(default_factory=dict)
+    # QLoRA under ZeRO-3: transformers never builds a quantized model under zero.Init, so every GPU holds the whole
+    # 4-bit model until DeepSpeed partitions it (measured: 34.3 GiB per GPU for 70B, above the step's 28.4).
+    loading: float = 0.0
 
     @property
     def total(self) -> float:
@@ -157,6 +163,11 @@ class MemoryEstimate:
     @property
     def total_gib(self) -> float:
         return self.total / GIB
+
+    @property
+    def peak_gib(self) -> float:
+        """What must fit: the training step or the load, whichever is higher."""
+        return max(self.total, self.loading) / GIB
 
 
 @dataclass(frozen=True)
@@ -172,7 +183,7 @@ class Plan:
 
     @property
     def fits(self) -> bool:
-        return self.estimate.total_gib <= self.gpu_memory_gib * FIT_MARGIN
+        return self.estimate.peak_gib <= self.gpu_memory_gib * FIT_MARGIN
 
 
 def model_shape(spec: FineTuneJobSpec) -> ModelShape | None:
@@ -211,7 +222,10 @@ def estimate_memory(spec: FineTuneJobSpec, shape: ModelShape, strategy: Strategy
     inter = shape.intermediate_size or int(3.5 * h)
     quant = spec.model.quantization
     compute_bytes = 4 if training.mixed_precision == "no" and quant is None else 2
-    weight_bytes = QUANT_4BIT_BYTES if quant is not None else compute_bytes
+    if quant is not None:
+        weight_bytes = QUANT_4BIT_DOUBLE_QUANT_BYTES if quant.double_quant else QUANT_4BIT_BYTES
+    else:
+        weight_bytes = compute_bytes
     stage = strategy.zero_stage
 
     if quant is not None:
@@ -263,7 +277,8 @@ def estimate_memory(spec: FineTuneJobSpec, shape: ModelShape, strategy: Strategy
             parts["zero-3 allocator fragmentation"] = ZERO3_FRAGMENTATION_BYTES
         if quant is not None:
             parts["4-bit allocator fragmentation"] = QUANT_FRAGMENTATION_BYTES
-    return MemoryEstimate(parts)
+    loading = base + CUDA_OVERHEAD_BYTES if quant is not None and stage == 3 and dist.gpus_per_node else 0.0
+    return MemoryEstimate(parts, loading)
 
 
 def requested_strategy(spec: FineTuneJobSpec) -> Strategy | None:
@@ -301,7 +316,7 @@ def plan_job(spec: FineTuneJobSpec) -> Plan:
             "as requested"
             if plan.fits or not spec.distributed.gpus_per_node
             else (
-                f"as requested; estimated {plan.estimate.total_gib:.1f} GiB exceeds {FIT_MARGIN:.0%} of "
+                f"as requested; estimated {plan.estimate.peak_gib:.1f} GiB exceeds {FIT_MARGIN:.0%} of "
                 f"{gpu_gib:g} GiB and may run out of memory"
             )
         )
@@ -322,11 +337,11 @@ def plan_job(spec: FineTuneJobSpec) -> Plan:
         plan = Plan(strategy, estimate, gpu_gib, shape, lora, "")
         if plan.fits or not spec.distributed.gpus_per_node:
             reason = (
-                f"lowest ZeRO stage that fits: {estimate.total_gib:.1f} GiB of {gpu_gib:g} GiB per GPU"
+                f"lowest ZeRO stage that fits: {estimate.peak_gib:.1f} GiB of {gpu_gib:g} GiB per GPU"
                 + (f" ({', '.join(tried)} do not)" if tried else "")
             )
             return Plan(strategy, estimate, gpu_gib, shape, lora, reason)
-        tried.append(f"stage {stage}/{strategy.offload}: {estimate.total_gib:.1f} GiB")
+        tried.append(f"stage {stage}/{strategy.offload}: {estimate.peak_gib:.1f} GiB")
     raise InvalidSpecError(
         [
             FieldError(

@@ -29,5 +29,10 @@ def format_plan(job: FineTuneJob, plan: Plan) -> str:
     ]
     lines += [f"    {name:<28} {value / GIB:8.2f} GiB" for name, value in plan.estimate.parts.items()]
     verdict = "fits" if plan.fits else f"does NOT fit ({FIT_MARGIN:.0%} of {plan.gpu_memory_gib:g} GiB)"
-    lines.append(f"    {'total':<28} {plan.estimate.total_gib:8.2f} GiB  -> {verdict}")
+    loading = plan.estimate.loading / GIB
+    if loading > plan.estimate.total_gib:
+        lines.append(f"    {'total of the step':<28} {plan.estimate.total_gib:8.2f} GiB")
+        lines.append(f"    {'loading (whole 4-bit model)':<28} {loading:8.2f} GiB  -> {verdict}")
+    else:
+        lines.append(f"    {'total':<28} {plan.estimate.total_gib:8.2f} GiB  -> {verdict}")
     return "\n".join(lines)

@@ -260,7 +260,7 @@ def _plan_or_errors(job: FineTuneJob, rendered: Rendered | InvalidSpecError | No
         {
             "zeroStage": plan.strategy.zero_stage,
             "offload": plan.strategy.offload,
-            "estimatedGpuMemoryGiB": round(plan.estimate.total_gib, 2),
+            "estimatedGpuMemoryGiB": round(plan.estimate.peak_gib, 2),
             "reason": plan.reason[:1024],
         }
     )
