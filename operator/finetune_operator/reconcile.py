@@ -67,9 +67,17 @@ def _seconds(delta: timedelta) -> float:
 
 
 def _terminal(job: FineTuneJob, observed: Observed, result: StatusResult, now: datetime) -> Actions:
-    """Stop what still runs (deadline), never create anything, and honour the TTL."""
+    """Stop what still runs (deadline), never create anything, and honour the TTL.
+
+    Earlier attempts are deleted too: a crash between creating attempt n+1 and deleting attempt n
+    leaves both, and the job may be finished by the time the operator is back.
+    """
     status = result.status
-    running = [a.name for a in observed.attempts.values() if not a.finished and not a.deleting]
+    running = [
+        a.name
+        for n, a in sorted(observed.attempts.items())
+        if not a.deleting and (not a.finished or n < status.attempt)
+    ]
     ttl = job.spec.run_policy.ttl_seconds_after_finished
     requeue, delete_self = None, False
     if ttl is not None and status.completion_time is not None:

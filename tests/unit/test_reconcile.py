@@ -83,6 +83,10 @@ CASES = [
     ("a permanently failed attempt is kept for its logs while its pods terminate", ftj(),
      seen(AttemptObserved(1, "demo-1", failing_since=NOW, pods=(PodObserved("demo-1-0", "Failed", exit_code=65),))),
      want()),
+    ("a job that finished while an older attempt was left behind (crash) deletes the older one",
+     ftj(status={"phase": "Failed", "attempt": 2}),
+     seen(AttemptObserved(1, "demo-1", failed=True), AttemptObserved(2, "demo-2", failed=True)),
+     want(delete=["demo-1"])),
     ("a failed job is never recreated even with no children left", ftj(status={"phase": "Failed", "attempt": 1}),
      seen(children=False), want()),
 ]
