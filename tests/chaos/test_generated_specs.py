@@ -1,12 +1,14 @@
 """Hypothesis-generated FineTuneJobs (valid and invalid), applied with kubectl: each one is either
 rejected at apply with a message, or reaches a phase; an invalid one that gets through the CRD
-schema ends Failed/InvalidSpec naming a field. The operator never crashes (alive, no traceback)."""
+schema ends Failed/InvalidSpec naming a field, exactly when the operator's own validation (run in the
+test on the stored object) says it is invalid. The operator never crashes (alive, no traceback)."""
 
 from __future__ import annotations
 
 import copy
 import re
 import time
+from collections import Counter
 from typing import Any
 
 import pytest
@@ -14,6 +16,9 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from finetune_operator.api.errors import InvalidSpecError
+from finetune_operator.api.resource import FineTuneJob
+from finetune_operator.render import render_all
 from tests.controlplane.conftest import Cluster, wait_until
 from tests.controlplane.operator.conftest import Operator, ftj, get
 
@@ -103,24 +108,42 @@ def test_generated_specs_are_rejected_or_reach_a_phase(cluster: Cluster, namespa
     assert accepted, "no generated spec got through the CRD schema"
 
     def all_have_phase() -> dict[str, dict[str, Any]] | None:
-        found = {
-            o["metadata"]["name"]: o.get("status") or {}
-            for o in (get(cluster, namespace, "finetunejobs") or {"items": []})["items"]
-        }
-        missing = [n for n in accepted if not found.get(n, {}).get("phase")]
+        found = {o["metadata"]["name"]: o for o in (get(cluster, namespace, "finetunejobs") or {"items": []})["items"]}
+        missing = [n for n in accepted if not (found.get(n, {}).get("status") or {}).get("phase")]
         return found if not missing else None
 
     found = wait_until(
         all_have_phase, timeout=60 + 0.5 * len(accepted), interval=1, what="a phase on every accepted FineTuneJob"
     )
+    outcomes: Counter[tuple[str, str | None]] = Counter()
     for name in accepted:
-        st_ = found[name]
+        st_ = found[name]["status"]
         assert st_["phase"] in PHASES, (name, st_)
-        if st_["phase"] == "Failed" and (st_.get("conditions") or [{}])[-1].get("reason") == "InvalidSpec":
+        invalid_spec = any(
+            c["type"] == "Failed" and c.get("reason") == "InvalidSpec" for c in st_.get("conditions", [])
+        )
+        # The operator's own validation, run here on the object as stored: invalid <=> InvalidSpec.
+        expected = local_verdict(found[name])
+        assert invalid_spec == (expected is not None), (name, expected, st_)
+        if invalid_spec:
             assert re.search(r"\b(spec|metadata)(\.[\w\[\]-]+)+", st_.get("message", "")), (name, st_["message"])
+            assert all(path in st_["message"] for path in expected or []), (name, expected, st_["message"])
+        outcomes["invalid" if invalid_spec else "valid", st_["phase"]] += 1
     time.sleep(2)
     assert operator.proc is not None and operator.proc.poll() is None, "operator died"
     log = operator.log_path.read_text(errors="replace")
     assert "Traceback" not in log, log[log.index("Traceback") - 2000 :][:6000]
-    outcomes = sorted({(found[n]["phase"], ((found[n].get("conditions") or [{}])[-1]).get("reason")) for n in accepted})
-    print(f"{len(accepted)} accepted (outcomes {outcomes}), {len(rejected)} rejected at apply")
+    print(
+        f"{len(accepted) + len(rejected)} specs: {len(rejected)} rejected at apply, {len(accepted)} accepted: "
+        f"{dict(sorted(outcomes.items()))}"
+    )
+
+
+def local_verdict(obj: dict[str, Any]) -> list[str] | None:
+    """What the operator's validation says about a stored FineTuneJob: the field paths it names, or None."""
+    body = {k: obj[k] for k in ("apiVersion", "kind", "metadata", "spec") if k in obj}
+    try:
+        render_all(FineTuneJob.from_body(body))
+    except InvalidSpecError as exc:
+        return sorted({e.path for e in exc.errors})
+    return None
