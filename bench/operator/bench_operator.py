@@ -443,7 +443,7 @@ def frame_name(frame: str) -> str:
     return f"{name} ({path})"
 
 
-def summarize_profile(collapsed: str, top: int = 25) -> dict[str, Any]:
+def summarize_profile(collapsed: str, top: int = 50) -> dict[str, Any]:
     """Self and inclusive sample shares per function from py-spy's collapsed stacks ('a;b;c 12')."""
     own: Counter[str] = Counter()
     incl: Counter[str] = Counter()
