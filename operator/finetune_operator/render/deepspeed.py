@@ -1,9 +1,10 @@
-"""spec -> deepspeed.json, rendered only when the accelerate plugin keys cannot say it all.
+"""spec -> deepspeed.json: the whole DeepSpeed config of a job, whenever DeepSpeed runs (ZeRO stage >= 1).
 
-That is when `distributed.deepspeed.overrides` is set: the JSON then carries the whole DeepSpeed
-config, with "auto" wherever the HF Trainer fills values from its own arguments (batch sizes,
-accumulation, clipping, precision, bucket sizes), so the two can never disagree, and the overrides
-merged last. Without overrides, returns None and accelerate builds the same config from its keys.
+accelerate reads it through `deepspeed_config_file`, so it is the one place the ZeRO settings live. Its base
+is exactly the config accelerate's plugin builds from its own YAML keys (the seed's `deepspeed_config.yaml`
+route, measured on GPUs): stage, offload devices, 16-bit gather on save, and "auto" wherever the HF Trainer
+fills values from its own arguments (batch sizes, accumulation, clipping, precision), so the JSON and
+trainer.json can never disagree. `distributed.deepspeed.overrides` is merged last, for experts.
 """
 
 from typing import Any
@@ -16,8 +17,6 @@ def _offload(device: str, nvme_path: str | None) -> dict[str, Any]:
     block: dict[str, Any] = {"device": device}
     if device == "nvme" and nvme_path:
         block["nvme_path"] = nvme_path
-    if device != "none":
-        block["pin_memory"] = True
     return block
 
 
@@ -33,25 +32,11 @@ def deep_merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any
 
 
 def render_deepspeed(job: FineTuneJob, plan: Plan) -> dict[str, Any] | None:
-    """The DeepSpeed JSON, or None when it is not needed (no overrides, or ZeRO off)."""
+    """The DeepSpeed JSON, or None when DeepSpeed is off (ZeRO stage 0: plain data parallel)."""
     ds = job.spec.distributed.deepspeed
     strategy = plan.strategy
-    if strategy.zero_stage == 0 or not ds.overrides:
+    if strategy.zero_stage == 0:
         return None
-    zero: dict[str, Any] = {
-        "stage": strategy.zero_stage,
-        "offload_optimizer": _offload(strategy.offload_optimizer, ds.nvme_path),
-        "offload_param": _offload(strategy.offload_params, ds.nvme_path),
-        "overlap_comm": strategy.zero_stage == 3,
-        "contiguous_gradients": True,
-        "reduce_bucket_size": "auto",
-    }
-    if strategy.zero_stage == 3:
-        zero |= {
-            "stage3_prefetch_bucket_size": "auto",
-            "stage3_param_persistence_threshold": "auto",
-            "stage3_gather_16bit_weights_on_model_save": ds.save16bit_model,
-        }
     config: dict[str, Any] = {
         "train_batch_size": "auto",
         "train_micro_batch_size_per_gpu": "auto",
@@ -59,8 +44,11 @@ def render_deepspeed(job: FineTuneJob, plan: Plan) -> dict[str, Any] | None:
         "gradient_clipping": "auto",
         "bf16": {"enabled": "auto"},
         "fp16": {"enabled": "auto"},
-        "zero_optimization": zero,
-        "steps_per_print": 2**31 - 1,
-        "wall_clock_breakdown": False,
+        "zero_optimization": {
+            "stage": strategy.zero_stage,
+            "offload_optimizer": _offload(strategy.offload_optimizer, ds.nvme_path),
+            "offload_param": _offload(strategy.offload_params, ds.nvme_path),
+            "stage3_gather_16bit_weights_on_model_save": ds.save16bit_model,
+        },
     }
     return deep_merge(config, ds.overrides)
