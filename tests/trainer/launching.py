@@ -24,20 +24,41 @@ from typing import Any
 import pytest
 
 from finetune_operator.cli import load_job
-from finetune_operator.render import render_all
+from finetune_operator.render import RenderOptions, render_all
 from finetune_trainer.config import TrainerConfig
 
 BIN = Path(sys.executable).parent
 
-def rendered_accelerate_yaml(zero_stage: int) -> str:
-    """The accelerate.yaml the operator renders for the tiny 2-process CPU job: tests train what pods run."""
+CONFIG_DIR = "/ftjob-test-config-dir"  # stands for the directory a test writes the files to
+
+
+@dataclass(frozen=True)
+class LaunchFiles:
+    """accelerate.yaml (and deepspeed.json when DeepSpeed runs) as the operator renders them for the tiny
+    2-process CPU job: tests train what pods run, from a directory of their own."""
+
+    files: dict[str, str]
+
+    def write(self, directory: Path, *, machine_rank: int, num_processes: int) -> Path:
+        """Write the files, pointing accelerate.yaml at this directory; return the accelerate.yaml path."""
+        for name, text in self.files.items():
+            if name != "accelerate.yaml":
+                (directory / name).write_text(text)
+        accelerate = self.files["accelerate.yaml"].replace(CONFIG_DIR, str(directory))
+        path = directory / f"accelerate-{machine_rank}.yaml"
+        path.write_text(accelerate.replace("num_processes: 2", f"num_processes: {num_processes}"))
+        return path
+
+
+def rendered_launch_files(zero_stage: int) -> LaunchFiles:
     job = load_job(str(Path(__file__).resolve().parents[2] / "examples" / "tiny-cpu.yaml"))
     job.spec.distributed.deepspeed.zero_stage = zero_stage
-    return render_all(job).files["accelerate.yaml"]
+    files = render_all(job, RenderOptions(config_dir=CONFIG_DIR)).files
+    return LaunchFiles({k: v for k, v in files.items() if k in ("accelerate.yaml", "deepspeed.json")})
 
 
-ZERO3_YAML = rendered_accelerate_yaml(3)  # DEEPSPEED, ZeRO-3, use_cpu
-DDP_YAML = rendered_accelerate_yaml(0)  # MULTI_GPU (plain DDP over gloo), use_cpu
+ZERO3_FILES = rendered_launch_files(3)  # DEEPSPEED (deepspeed.json), ZeRO-3, use_cpu
+DDP_FILES = rendered_launch_files(0)  # MULTI_GPU (plain DDP over gloo), use_cpu
 
 
 # Fast, deterministic defaults for the tiny model: ~0.1 s per step and process on one core.
@@ -167,7 +188,7 @@ def launch(
     config: Path,
     env: dict[str, str],
     *,
-    yaml: str,
+    files: LaunchFiles,
     num_processes: int = 2,
     num_machines: int = 1,
     machine_rank: int = 0,
@@ -176,8 +197,7 @@ def launch(
     log_name: str = "launch.log",
 ) -> Launch:
     """Start the operator's node command: accelerate launch ... -m finetune_trainer --config trainer.json."""
-    yaml_path = config.parent / f"accelerate-{machine_rank}.yaml"
-    yaml_path.write_text(yaml.replace("num_processes: 2", f"num_processes: {num_processes}"))
+    yaml_path = files.write(config.parent, machine_rank=machine_rank, num_processes=num_processes)
     cmd = [
         str(BIN / "accelerate"), "launch", "--config_file", str(yaml_path),
         "--num_machines", str(num_machines), "--num_processes", str(num_processes),
@@ -231,5 +251,5 @@ def zero3_run(tmp_path_factory: pytest.TempPathFactory, trainer_env: dict[str, s
     """One uninterrupted ZeRO-3, 2-process run shared by the training and resume tests."""
     run_dir = tmp_path_factory.mktemp("zero3")
     run(write_config(run_dir, distributed={"num_processes": 2, "zero_stage": 3, "use_cpu": True}), trainer_env,
-        yaml=ZERO3_YAML)  # fmt: skip
+        files=ZERO3_FILES)  # fmt: skip
     yield run_dir

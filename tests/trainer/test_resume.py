@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from finetune_trainer.checkpoints import MARKER, newest_complete
-from tests.trainer.launching import ZERO3_YAML, launch, losses, run, wait_for, write_config
+from tests.trainer.launching import ZERO3_FILES, launch, losses, run, wait_for, write_config
 
 pytestmark = pytest.mark.trainer
 
@@ -23,7 +23,7 @@ def test_kill_9_mid_run_resumes_with_the_uninterrupted_losses(
 ) -> None:
     config = write_config(tmp_path, distributed=ZERO3)  # the same job as zero3_run
     ckpts = tmp_path / "checkpoints"
-    job = launch(config, trainer_env, yaml=ZERO3_YAML, log_name="killed.log")
+    job = launch(config, trainer_env, files=ZERO3_FILES, log_name="killed.log")
     wait_for(lambda: (ckpts / "checkpoint-4" / MARKER).exists(), timeout=240, what="checkpoint-4", job=job)
     job.kill(signal.SIGKILL)
     resume_from = newest_complete(ckpts)
@@ -32,7 +32,7 @@ def test_kill_9_mid_run_resumes_with_the_uninterrupted_losses(
     shutil.copytree(resume_from, ckpts / "checkpoint-11")
     (ckpts / "checkpoint-11" / MARKER).unlink()
 
-    resumed = run(config, trainer_env, yaml=ZERO3_YAML, log_name="resumed.log")
+    resumed = run(config, trainer_env, files=ZERO3_FILES, log_name="resumed.log")
 
     assert f"resuming from {resume_from}" in resumed.text()
     assert not (ckpts / "checkpoint-11").exists() and list(ckpts.glob("torn-checkpoint-11-*"))
@@ -46,7 +46,7 @@ def test_kill_9_mid_run_resumes_with_the_uninterrupted_losses(
 def test_sigterm_to_the_launcher_saves_a_complete_checkpoint(tmp_path: Path, trainer_env: dict[str, str]) -> None:
     config = write_config(tmp_path, training={"max_steps": 500, "save_steps": 1000}, distributed=ZERO3)
     ckpts = tmp_path / "checkpoints"
-    job = launch(config, trainer_env, yaml=ZERO3_YAML)
+    job = launch(config, trainer_env, files=ZERO3_FILES)
     metrics = ckpts / "metrics.jsonl"
     wait_for(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 3, timeout=240, what="3 steps",
              job=job)  # fmt: skip

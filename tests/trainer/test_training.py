@@ -15,8 +15,8 @@ import pytest
 from tests.fixtures.hub_server import HubServer
 from tests.fixtures.progress_server import ProgressServer
 from tests.trainer.launching import (
-    DDP_YAML,
-    ZERO3_YAML,
+    DDP_FILES,
+    ZERO3_FILES,
     Launch,
     free_port,
     launch,
@@ -86,7 +86,7 @@ def test_ddp_two_processes_trains_reports_progress_and_pushes(
             "FTJOB_PROGRESS_URL": progress.url,
             "FTJOB_PROGRESS_TOKEN_FILE": str(token_file),
         }
-        job = run(config, trainer_env, yaml=DDP_YAML, extra_env=env)
+        job = run(config, trainer_env, files=DDP_FILES, extra_env=env)
         files = set(hub.repos["org/tiny-ddp"].files)
         commits = list(hub.repos["org/tiny-ddp"].commits)
         reports = list(progress.reports)
@@ -116,7 +116,7 @@ def test_two_nodes_rendezvous_on_loopback_and_merge_under_zero3(
     port = free_port()
 
     def node(rank: int) -> Launch:
-        return launch(config, trainer_env, yaml=ZERO3_YAML, num_processes=2, num_machines=2, machine_rank=rank,
+        return launch(config, trainer_env, files=ZERO3_FILES, num_processes=2, num_machines=2, machine_rank=rank,
                       port=port, log_name=f"node{rank}.log")  # fmt: skip
 
     # Node 0 first, as the operator's headless Service implies: on one host both agents would "match" the
