@@ -1,6 +1,7 @@
 """Property tests: any generated spec either renders a self-consistent set of files or is rejected
 with InvalidSpecError naming fields; it never crashes."""
 
+import json
 from typing import Any
 
 import yaml
@@ -11,6 +12,7 @@ from finetune_operator.api.errors import InvalidSpecError
 from finetune_operator.api.resource import FineTuneJob
 from finetune_operator.render import render_all
 from finetune_trainer.config import TrainerConfig
+from tests.builders import with_spec
 
 MODELS = ["meta-llama/Llama-2-7b-hf", "meta-llama/Llama-2-70b-hf", "builtin:tiny-llama", "acme/unknown"]
 maybe = st.one_of(st.none(), st.integers(-2, 600), st.text(max_size=4), st.booleans())
@@ -111,3 +113,15 @@ def test_render_is_consistent_or_rejects(spec: dict[str, Any]) -> None:
     command = rendered.command
     assert command[command.index("--num_processes") + 1] == str(dist.nodes * per_node)
     assert command[command.index("--rdzv_backend") + 1] == dist.rendezvous.backend
+
+
+def test_an_emoji_in_the_spec_survives_the_configmap_apply_body() -> None:
+    """kubernetes_asyncio sends server-side apply bodies as json.dumps (ASCII, surrogate pairs for emoji), which
+    the apiserver decodes as YAML and rejects; trainer.json escapes them itself, so the body has none."""
+    rendered = render_all(FineTuneJob.from_body(with_spec("dataset.textField", "text😀é")))
+    data = rendered.config_map["data"]
+    assert max(ord(c) for text in data.values() for c in text) <= 0xFFFF  # so json.dumps emits no surrogate pair
+    assert "\\ud83d\\ude00" in data["trainer.json"]
+    assert rendered.trainer.data.text_field == "text😀é"
+    assert TrainerConfig.model_validate_json(rendered.files["trainer.json"]) == rendered.trainer
+    assert json.loads(rendered.files["trainer.json"]) == json.loads(rendered.trainer.model_dump_json())

@@ -68,6 +68,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: ko
         await _serve(build_app(auth, RateLimiter(), state.kube.patch_status), config.progress_port, tls),
         await _serve(build_metrics_app(), config.metrics_port),
     ]
+
     async def wake(key: tuple[str, str]) -> None:
         if await peers.active(state, key[0]):  # kopf pauses handlers in a standby replica, not our task
             await reconcile_job(state, key)

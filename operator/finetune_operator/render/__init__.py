@@ -6,6 +6,7 @@ deepspeed.json -> accelerate.yaml -> trainer.json -> node command -> ConfigMap, 
 """
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,13 +76,22 @@ def dump_yaml(data: Any) -> str:
     return yaml.dump(data, Dumper=_BlockDumper, sort_keys=True, default_flow_style=False, width=120)
 
 
+_ASTRAL = re.compile("[\U00010000-\U0010ffff]")
+
+
+def escape_astral(json_text: str) -> str:
+    """Characters beyond U+FFFF (emoji) as JSON surrogate escapes: same JSON, and it survives the server-side
+    apply of the ConfigMap, whose JSON-as-YAML body the apiserver's YAML decoder rejects with them escaped."""
+    return _ASTRAL.sub(lambda m: json.dumps(m.group())[1:-1], json_text)
+
+
 def render_files(
     accelerate: dict[str, Any], deepspeed: dict[str, Any] | None, trainer: TrainerConfig
 ) -> dict[str, str]:
     """The config files, serialized once, so every consumer gets the same bytes."""
     files = {
         constants.ACCELERATE_FILE: dump_yaml(accelerate),
-        constants.TRAINER_FILE: trainer.model_dump_json(indent=2) + "\n",
+        constants.TRAINER_FILE: escape_astral(trainer.model_dump_json(indent=2)) + "\n",
     }
     if deepspeed is not None:
         files[constants.DEEPSPEED_FILE] = json.dumps(deepspeed, indent=2, sort_keys=True) + "\n"
@@ -101,9 +111,7 @@ def render_all(job: FineTuneJob, options: RenderOptions | None = None) -> Render
         job,
         plan,
         topology,
-        deepspeed_json_path=f"{options.config_dir}/{constants.DEEPSPEED_FILE}"
-        if deepspeed is not None
-        else None,
+        deepspeed_json_path=f"{options.config_dir}/{constants.DEEPSPEED_FILE}" if deepspeed is not None else None,
     )
     trainer = render_trainer_config(job, plan, topology, checkpoint_dir=options.checkpoint_dir)
     files = render_files(accelerate, deepspeed, trainer)
