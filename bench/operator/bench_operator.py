@@ -521,6 +521,9 @@ def main() -> int:
         "gpus_per_pod": args.gpus_per_pod,
         "job": f"examples/llama-70b-lora-2x8.yaml (2 nodes x {args.gpus_per_pod} GPU(s), KWOK hold)",
         "profiled": args.profile,
+        "commit": subprocess.run(
+            ["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True
+        ).stdout.strip(),
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / f"{stamp}.json"
