@@ -125,12 +125,11 @@ def _previous_status(body: dict[str, Any]) -> FineTuneJobStatus:
 
 async def _apply(state: OperatorState, job: FineTuneJob, actions: Actions) -> None:
     """Children first (create the next attempt before deleting the failed one), then suspend."""
-    # ConfigMap, Service and Job are independent (a pod waits for its ConfigMap volume), so they
-    # go out together: one round trip on the apply -> pods path instead of three.
-    created = await asyncio.gather(
-        *(state.kube.apply(obj) for obj in actions.apply), *(state.kube.create_job(obj) for obj in actions.create)
-    )
-    for obj, new in zip(actions.create, created[len(actions.apply) :], strict=True):
+    # ConfigMap and Service go out together, then the Job: a crash in between can then never leave a Job
+    # (and pods) without its config, even if the job finishes before the operator is back.
+    await asyncio.gather(*(state.kube.apply(obj) for obj in actions.apply))
+    created = await asyncio.gather(*(state.kube.create_job(obj) for obj in actions.create))
+    for obj, new in zip(actions.create, created, strict=True):
         if new:
             log.info("[%s/%s] created Job %s", job.namespace, job.name, obj["metadata"]["name"])
             if actions.status.attempt == 1:
