@@ -80,3 +80,12 @@ def test_qlora_under_zero3_must_also_fit_the_whole_4bit_model_while_loading() ->
     assert estimate.loading > estimate.total
     assert estimate.peak_gib == estimate.loading / GIB
     assert estimate_memory(spec, plan.shape, Strategy(2)).loading == 0
+
+
+def test_zero3_without_zero_init_also_loads_the_whole_model_on_each_gpu() -> None:
+    spec = job(model="meta-llama/Llama-2-70b-hf", gpus=8).spec
+    shape = plan_job(spec).shape
+    assert estimate_memory(spec, shape, Strategy(3)).loading == 0  # zero.Init: partitioned while it is built
+    no_init = spec.distributed.deepspeed.model_copy(update={"zero3_init": False})
+    spec = spec.model_copy(update={"distributed": spec.distributed.model_copy(update={"deepspeed": no_init})})
+    assert estimate_memory(spec, shape, Strategy(3)).loading / GIB > shape.num_parameters * 2 / GIB
