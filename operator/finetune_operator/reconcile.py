@@ -29,6 +29,7 @@ from finetune_operator.status import (
     StatusResult,
     Transition,
     compute_status,
+    render_or_errors,
 )
 
 TEMPLATE_HASH = f"{constants.GROUP}/template-hash"
@@ -126,10 +127,7 @@ def _render_guess(job: FineTuneJob, options: RenderOptions) -> tuple[int, Render
     if job.status.phase in TERMINAL_PHASES:
         return 0, None
     attempt = max(job.status.attempt, 1)
-    try:
-        return attempt, render_all(job, replace(options, attempt=attempt))
-    except InvalidSpecError as exc:
-        return attempt, exc
+    return attempt, render_or_errors(job, replace(options, attempt=attempt))
 
 
 def reconcile(job: FineTuneJob, observed: Observed, now: datetime, options: RenderOptions) -> Actions:
