@@ -32,7 +32,7 @@ def format_plan(job: FineTuneJob, plan: Plan) -> str:
     loading = plan.estimate.loading / GIB
     if loading > plan.estimate.total_gib:
         lines.append(f"    {'total of the step':<28} {plan.estimate.total_gib:8.2f} GiB")
-        lines.append(f"    {'loading (whole 4-bit model)':<28} {loading:8.2f} GiB  -> {verdict}")
+        lines.append(f"    {'loading (whole model)':<28} {loading:8.2f} GiB  -> {verdict}")
     else:
         lines.append(f"    {'total':<28} {plan.estimate.total_gib:8.2f} GiB  -> {verdict}")
     return "\n".join(lines)

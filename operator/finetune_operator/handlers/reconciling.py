@@ -61,12 +61,10 @@ async def reconcile_job(state: OperatorState, key: Key, body: dict[str, Any] | N
                 log.warning("[%s/%s] reconcile will be retried: %s", *key, exc)
                 requeue.schedule(state, key, exc.delay or 1.0)
                 return
-            except TimeoutError:  # a hung API call must not hold this job's lock (and status) forever
-                log.warning("[%s/%s] reconcile took over %s s; retrying", *key, RECONCILE_TIMEOUT_SECONDS)
-                requeue.schedule(state, key, 1.0)
-                return
-            except (aiohttp.ClientError, OSError) as exc:  # dropped/refused connection (TimeoutError is caught above)
-                log.warning("[%s/%s] API server connection failed (%s); retrying", *key, type(exc).__name__)
+            except (aiohttp.ClientError, OSError) as exc:
+                # A dropped or refused connection, or a round past RECONCILE_TIMEOUT_SECONDS (TimeoutError is an
+                # OSError): a hung API call must not hold this job's lock (and status) forever.
+                log.warning("[%s/%s] API server did not answer (%s); retrying in 1 s", *key, type(exc).__name__)
                 requeue.schedule(state, key, 1.0)
                 return
             except Exception:  # a bug or an unexpected answer: logged, retried later, never fatal
