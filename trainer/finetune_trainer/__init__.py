@@ -8,6 +8,8 @@ module with one job:
 * `cpu` — CPU-only quirks (`use_cpu`, DeepSpeed's JIT shm op)
 * `arguments` — TrainerConfig → TRL `SFTConfig` (built before the model, for ZeRO-3 `zero.Init`)
 * `model`, `quantization`, `templates` — tokenizer + chat template, base model, QLoRA (exit 66 unknown model)
+* `zero3_loading` — QLoRA under ZeRO-3: each 4-bit weight partitioned as it is loaded
+* `allocator` — CUDA allocator with expandable segments unless the env configures it
 * `data` — dataset splits → `input_ids` (exit 65 bad dataset); TRL packs them padding-free
 * `adapters` — LoRA config; merging under ZeRO-3
 * `checkpoints` — completion markers, resume from the newest complete checkpoint, SIGTERM → checkpoint

@@ -7,6 +7,7 @@ No `device_map` under DeepSpeed or DDP: the Trainer places the model (research Â
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
 import os
@@ -100,7 +101,15 @@ def load_model(cfg: TrainerConfig, path: str, tokenizer: Any, *, cuda: bool, zer
             from accelerate import PartialState
 
             kwargs["device_map"] = {"": PartialState().local_process_index}
-    model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    loading: Any = contextlib.nullcontext()
+    # QLoRA + ZeRO-3: partition each 4-bit weight as it is quantized (zero3_loading.py);
+    # FTJOB_ZERO3_4BIT_LOAD=whole: transformers' own load (the whole 4-bit model on each GPU until DeepSpeed starts)
+    if bnb is not None and zero3 and os.environ.get("FTJOB_ZERO3_4BIT_LOAD", "partitioned") != "whole":
+        from finetune_trainer.zero3_loading import partition_4bit_weights_while_loading
+
+        loading = partition_4bit_weights_while_loading()
+    with loading:
+        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     model.config.use_cache = False  # a KV cache during training also disables packed-sequence masking
     if len(tokenizer) > model.config.vocab_size:  # not the weight's shape: under ZeRO-3 it is partitioned
         model.resize_token_embeddings(len(tokenizer), pad_to_multiple_of=8)
