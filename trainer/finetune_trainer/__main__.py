@@ -29,6 +29,7 @@ def train(config_path: str) -> int:
     """Load, build, train (resuming), save, push; every rank runs this, I/O to the Hub on the main process."""
     from finetune_trainer import builtin
     from finetune_trainer.adapters import merge_into_base, peft_config
+    from finetune_trainer.allocator import use_expandable_segments
     from finetune_trainer.arguments import build_sft_config
     from finetune_trainer.cards import write_card
     from finetune_trainer.checkpoints import CompletionMarker, SaveOnSigterm, prepare_resume
@@ -44,6 +45,7 @@ def train(config_path: str) -> int:
     model_path = builtin.resolve_model(cfg.model.name_or_path)  # generated files, before any zero.Init
     data_path = builtin.resolve_dataset(cfg.data.name_or_path)
     prepare_cpu_backend(cfg)
+    use_expandable_segments()  # before anything allocates on a GPU
     args = build_sft_config(cfg)  # before the model: ZeRO-3 shards while loading
 
     import transformers
