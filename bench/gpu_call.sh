@@ -29,6 +29,17 @@ LAST=$((NG - 1))
   python3 bench/make_models.py data --out /tmp/bench/data/rand2048 --rows 160 --row-len 2048 --vocab 128256
 ) > "$AUX/make_models.log" 2>&1 &
 MK=$!
+# optional checks beside the model build (session 3): CORRECTNESS=c_qlora_zero3,... (bench/correctness.py --only),
+# GPU_TESTS=tests/gpu/x.py (pytest, both GPUs); results land in $OUT
+BG=()
+if [ -n "${CORRECTNESS:-}" ]; then
+  python3 bench/correctness.py --out "$OUT" --only "$CORRECTNESS" --budget "${CORRECTNESS_BUDGET:-260}" > "$AUX/correctness.log" 2>&1 &
+  BG+=($!)
+fi
+if [ -n "${GPU_TESTS:-}" ]; then
+  PYTHONPATH=/tmp/site:trainer:operator:. python3 -m pytest -q -p no:cacheprovider -s ${GPU_TESTS} > "$OUT/gpu_tests.txt" 2>&1 &
+  BG+=($!)
+fi
 {
   echo "===== versions ($(date -u +%FT%TZ))"
   python3 bench/seed/seed_baseline.py --mode versions 2>&1 | grep -v Warning
@@ -37,6 +48,9 @@ MK=$!
 } > "$OUT/versions.txt" 2>&1
 CUDA_VISIBLE_DEVICES=0 python3 bench/seed/seed_baseline.py --mode matmul --matmul-json "$OUT/matmul.json" > "$AUX/matmul.txt" 2>&1
 wait $MK; cat "$AUX/make_models.log" | tail -5
+for p in "${BG[@]}"; do wait "$p"; done
+[ -n "${GPU_TESTS:-}" ] && tail -3 "$OUT/gpu_tests.txt"
+[ -n "${CORRECTNESS:-}" ] && { tail -5 "$AUX/correctness.log"; cat "$OUT/correctness.jsonl" 2>/dev/null | cut -c1-400; }
 ELAPSED=$(( $(date +%s) - T0 ))
 echo "setup took ${ELAPSED}s"
 python3 bench/run_bench.py $PLAN_ARGS --out "$OUT" --budget $(( BUDGET - ELAPSED ))

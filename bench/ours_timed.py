@@ -5,6 +5,8 @@ Run in place of `-m finetune_trainer` in the rendered node command. It changes n
    benchmark's step timer (torch.cuda.synchronize + wall time at every step begin/end) and token counter, and
  * records peak GPU memory: `torch.cuda.max_memory_allocated` before training (model load, DeepSpeed init) and
    during training (reset at on_train_begin), max reserved, and the device's used memory at the end.
+ * records, besides, the allocator's peak reserved memory and the device's used memory when training begins
+   (after loading and deepspeed.initialize), and whether the allocator's segments are expandable.
  * FTJOB_SPEED=varlen,liger,... applies speed levers through finetune_trainer.speed when the trainer itself does
    not (for measuring levers one at a time); FTJOB_BENCH_NOTE is copied into the result.
  * FTJOB_BENCH_FP8_CAST=1: checkpoints stored in fp8 (make_models.py --fp8-storage, for the 70B shape) are cast to
@@ -124,6 +126,11 @@ def main() -> int:
             if cuda:
                 self.peak_before_train = torch.cuda.max_memory_allocated() / 2**30
                 info["mem_at_train_begin_gib"] = torch.cuda.memory_allocated() / 2**30
+                # loading + deepspeed.initialize: the allocator's peak, and what else the device holds right now
+                info["max_mem_reserved_before_train_gib"] = torch.cuda.max_memory_reserved() / 2**30
+                free, total = torch.cuda.mem_get_info()
+                info["device_used_at_train_begin_gib"] = (total - free) / 2**30
+                info["reserved_at_train_begin_gib"] = torch.cuda.memory_reserved() / 2**30
                 torch.cuda.reset_peak_memory_stats()
 
         def on_step_begin(self, args, state, control, **kw):
@@ -165,6 +172,16 @@ def main() -> int:
     trl.SFTTrainer = TimedSFTTrainer  # both names the trainer may import it by
     sft_module.SFTTrainer = TimedSFTTrainer
 
+    def expandable() -> bool | None:
+        """Whether the allocator's segments are expandable (what PYTORCH_CUDA_ALLOC_CONF / the trainer chose)."""
+        if not cuda:
+            return None
+        try:
+            segments = torch.cuda.memory._snapshot()["segments"]
+        except Exception:  # a bench record, never a failure
+            return None
+        return any(seg.get("is_expandable") for seg in segments) if segments else None
+
     def write_result(timer: StepTimer, state, model) -> None:
         sync()
         rank = int(os.environ.get("RANK", "0"))
@@ -191,6 +208,11 @@ def main() -> int:
             t_first_step=(timer.end[0] - timer.begin[0]) if timer.end else None,
             t_start_to_first_step_end=(timer.end[0] - T_START) if timer.end else None,
             mem_at_train_begin_gib=info.get("mem_at_train_begin_gib"),
+            max_mem_reserved_before_train_gib=info.get("max_mem_reserved_before_train_gib"),
+            device_used_at_train_begin_gib=info.get("device_used_at_train_begin_gib"),
+            reserved_at_train_begin_gib=info.get("reserved_at_train_begin_gib"),
+            expandable_segments=expandable(),
+            alloc_conf=os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
         )
         gathered = [res]
         if dist.is_available() and dist.is_initialized():

@@ -222,7 +222,46 @@ def plan_big70() -> list[dict]:
     ]
 
 
-PLANS = {"q70": plan_q70, "release": plan_release, "big70": plan_big70, "integrated": plan_integrated, "perf": plan_perf, "final": plan_final, "last": plan_last, "memory": plan_memory, "cpu-smoke": plan_cpu_smoke}
+def q70_job(name: str, *, load: str = "partitioned", segments: bool = True, offload_activations: bool = False,
+            overrides: dict | None = None, steps: int = 3, note: str = "") -> dict:
+    """Session 3: the 70B QLoRA job of call 8 (nf4 + double quant, bf16 storage, ZeRO-3, checkpointing, 2 x 2048 per
+    GPU) with the memory levers one at a time: `load` "partitioned" (the trainer's default since session 3: each 4-bit
+    weight partitioned as it is quantized) or "whole" (FTJOB_ZERO3_4BIT_LOAD=whole: transformers' own load, as in
+    call 8); `segments` expandable allocator segments (the trainer's default since session 3) or
+    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False (as in call 8); `offload_activations` the spec's
+    training.offloadActivations (checkpointed hidden states in host memory)."""
+    env = {"FTJOB_BENCH_FP8_CAST": "1"}
+    if load == "whole":
+        env["FTJOB_ZERO3_4BIT_LOAD"] = "whole"
+    if not segments:
+        env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:False"
+    training: dict[str, Any] = {"perDeviceTrainBatchSize": 2}
+    if offload_activations:
+        training["offloadActivations"] = True
+    spec: dict[str, Any] = {"dataset": {"name": str(DATA / "rand2048_v32k")}, "model": {"quantization": QLORA},
+                            "training": training}
+    if overrides:
+        spec["distributed"] = {"deepspeed": {"overrides": overrides}}
+    levers = f"load {load}, expandable segments {'on' if segments else 'off'}" + (
+        ", activations offloaded" if offload_activations else "") + (f", overrides {overrides}" if overrides else "")
+    return ours_job(name, "auto", zero=3, gc=True, steps=steps, model="llama2-70b-fp8", shape=SHAPE_70B,
+                    minimum=140, limit=230, env=env, note=note or f"70B QLoRA + ZeRO-3, 2 x 2048 per GPU: {levers}",
+                    extra={"spec": spec})
+
+
+def plan_q70mem() -> list[dict]:
+    """Session 3 (calls 10-11): the 70B QLoRA memory levers, the likely winner first; run_bench's --only picks."""
+    return [
+        q70_job("q70_part_seg_actoff", offload_activations=True),
+        q70_job("q70_part_seg"),
+        q70_job("q70_part", segments=False),
+        q70_job("q70_seg", load="whole"),
+        q70_job("q70_base", load="whole", segments=False),
+        q70_job("q70_part_seg_actoff_rep2", offload_activations=True),
+    ]
+
+
+PLANS = {"q70mem": plan_q70mem, "q70": plan_q70, "release": plan_release, "big70": plan_big70, "integrated": plan_integrated, "perf": plan_perf, "final": plan_final, "last": plan_last, "memory": plan_memory, "cpu-smoke": plan_cpu_smoke}
 
 
 class Runner:
