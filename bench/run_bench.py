@@ -258,7 +258,16 @@ def plan_q70mem() -> list[dict]:
         q70_job("q70_seg", load="whole"),
         q70_job("q70_base", load="whole", segments=False),
         q70_job("q70_part_seg_actoff_rep2", offload_activations=True),
+        # call 12: DeepSpeed's ZeRO-3 gradient bucket is reduce_bucket_size (default 5e8) elements, allocated at
+        # deepspeed.initialize: 0.93 GiB of bf16 for 0.10B trainable parameters. 67108864 = hidden^2, what
+        # transformers' "auto" gives for this model; set through the spec's deepspeed.overrides.
+        q70_job("q70_part_seg_actoff_rb", offload_activations=True, overrides=RB, steps=5),
+        q70_job("q70_part_seg_actoff_rb_rep2", offload_activations=True, overrides=RB, steps=5),
+        q70_job("q70_part_seg_rb", overrides=RB),
     ]
+
+
+RB = {"zero_optimization": {"reduce_bucket_size": 67108864}}
 
 
 PLANS = {"q70mem": plan_q70mem, "q70": plan_q70, "release": plan_release, "big70": plan_big70, "integrated": plan_integrated, "perf": plan_perf, "final": plan_final, "last": plan_last, "memory": plan_memory, "cpu-smoke": plan_cpu_smoke}

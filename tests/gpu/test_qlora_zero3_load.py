@@ -164,12 +164,8 @@ def _train_worker(rank: int, path: str, port: int, out: str) -> None:
 
     from finetune_trainer.zero3_loading import partition_4bit_weights_while_loading
 
-    config = {
-        **DS_CONFIG,
-        "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}},
-        "zero_allow_untested_optimizer": True,
-    }
-    config["zero_optimization"] = {"stage": 3}
+    # a torch optimizer, as the Trainer passes one (DeepSpeed's own AdamW would JIT-build its fused CUDA kernel)
+    config = {**DS_CONFIG, "zero_allow_untested_optimizer": True, "zero_optimization": {"stage": 3}}
     keep = HfDeepSpeedConfig(config)  # noqa: F841
     ids = torch.arange(1, 33, device=device).reshape(1, 32)
     losses = {}
@@ -182,9 +178,8 @@ def _train_worker(rank: int, path: str, port: int, out: str) -> None:
         for p in model.parameters():
             if p.requires_grad:
                 p.data = p.data.to(torch.bfloat16)  # what TRL does for quantized models
-        engine, *_ = deepspeed.initialize(
-            model=model, model_parameters=[p for p in model.parameters() if p.requires_grad], config=config
-        )
+        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+        engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
         losses[mode] = []
         for _ in range(3):
             loss = engine(input_ids=ids, labels=ids).loss
