@@ -152,9 +152,9 @@ class MemoryEstimate:
     """Per-GPU bytes by component of a training step, and of model loading where that is higher."""
 
     parts: dict[str, float] = field(default_factory=dict)
-    # ZeRO-3 without zero.Init (always for QLoRA: transformers never builds a quantized model under it): every GPU
-    # holds the whole model until DeepSpeed partitions it (measured: 34.3 GiB per GPU for 70B in 4 bit, above the
-    # step's 28.4).
+    # ZeRO-3 with `zero3Init: false`: every GPU holds the whole model until DeepSpeed partitions it. (QLoRA did too
+    # before the trainer partitioned each 4-bit weight as it is quantized: 34.3 GiB per GPU for 70B on 2 GPUs,
+    # above the step's 28.4; now 18.5, below it.)
     loading: float = 0.0
 
     @property
@@ -278,9 +278,10 @@ def estimate_memory(spec: FineTuneJobSpec, shape: ModelShape, strategy: Strategy
             parts["zero-3 allocator fragmentation"] = ZERO3_FRAGMENTATION_BYTES
         if quant is not None:
             parts["4-bit allocator fragmentation"] = QUANT_FRAGMENTATION_BYTES
-    # Without zero.Init (QLoRA: transformers never uses it for a quantized model; or zero3Init: false) each GPU
-    # holds the whole model before DeepSpeed partitions it.
-    whole_model_at_load = stage == 3 and (quant is not None or not dist.deepspeed.zero3_init)
+    # Without zero.Init each GPU holds the whole model before DeepSpeed partitions it. A 4-bit model is never built
+    # under zero.Init, but the trainer partitions each weight as it is quantized (finetune_trainer.model), so its load
+    # stays below the step: base / GPUs plus one layer.
+    whole_model_at_load = stage == 3 and quant is None and not dist.deepspeed.zero3_init
     loading = base + CUDA_OVERHEAD_BYTES if whole_model_at_load and dist.gpus_per_node else 0.0
     return MemoryEstimate(parts, loading)
 

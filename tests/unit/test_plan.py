@@ -71,15 +71,14 @@ def test_offloading_activations_moves_the_checkpoints_off_the_gpu() -> None:
     assert kept.total_gib - moved.total_gib == pytest.approx(20.0)
 
 
-def test_qlora_under_zero3_must_also_fit_the_whole_4bit_model_while_loading() -> None:
-    """transformers never builds a quantized model under zero.Init: each GPU holds all of it before DeepSpeed
-    partitions it (70B: 34.3 GiB measured at load vs 28.4 GiB in the step on 2 GPUs)."""
+def test_qlora_under_zero3_loads_partitioned_so_the_step_is_the_peak() -> None:
+    """The trainer partitions each 4-bit weight as transformers quantizes it (70B on 2 GPUs, measured: 18.5 GiB
+    allocated while loading, 23.0-28.4 in the step; before, every GPU held the whole 4-bit model: 34.3)."""
     spec = job(model="meta-llama/Llama-2-70b-hf", gpus=2, qlora=True).spec
     plan = plan_job(spec)
     estimate = estimate_memory(spec, plan.shape, Strategy(3))
-    assert estimate.loading > estimate.total
-    assert estimate.peak_gib == estimate.loading / GIB
-    assert estimate_memory(spec, plan.shape, Strategy(2)).loading == 0
+    assert estimate.loading == 0
+    assert estimate.peak_gib == estimate.total_gib
 
 
 def test_zero3_without_zero_init_also_loads_the_whole_model_on_each_gpu() -> None:
