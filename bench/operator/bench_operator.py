@@ -198,6 +198,23 @@ class Bench:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime
 
+    def component_cpu(self, operator: int | None = None) -> dict[str, float]:
+        """CPU seconds so far of each control-plane process, the operator and this client (creates + pod watch)."""
+        out = {}
+        for pidfile in sorted((self.dir / "pids").glob("*.pid")):
+            try:
+                out[pidfile.stem] = self.cpu_seconds(int(pidfile.read_text()))
+            except (OSError, ValueError):
+                continue
+        if operator is not None:
+            out["operator"] = self.cpu_seconds(operator)
+        out["client"] = self.cpu_seconds(os.getpid())
+        return out
+
+    @staticmethod
+    def cpu_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+        return {k: round(after[k] - before[k], 2) for k in after if k in before}
+
     @staticmethod
     def peak_rss_mib(pid: int) -> float:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -363,12 +380,14 @@ class Bench:
         spy = self.start_profiler(op.pid, workdir / f"profile-burst-{n}.txt") if self.profile else None
         cpu0 = self.cpu_seconds(op.pid)
         req0 = self.request_counts()
+        comp0 = self.component_cpu(op.pid)
         t0 = time.monotonic()
         for i in range(n):
             self.create_ftj(ns, f"b{i}")
         t_created = time.monotonic() - t0
         t_pods = self._wait_pods(seen, 2 * n, t0, timeout)
         cpu_pods = self.cpu_seconds(op.pid) - cpu0
+        comp1 = self.component_cpu(op.pid)
         req1 = self.request_counts()
         # then until every job reports Running (status writes are the operator's too)
         deadline = time.monotonic() + timeout
@@ -396,6 +415,7 @@ class Bench:
             "operator_cpu_s_to_running": cpu_running,
             "operator_cpu_s_per_job": cpu_running / n,
             "operator_peak_rss_mib": rss,
+            "cpu_s_to_pods_by_process": self.cpu_delta(comp0, comp1),
             "requests_to_pods": self._requests(req0, req1),
             "requests_to_running": self._requests(req0, req2),
         }
@@ -411,6 +431,7 @@ class Bench:
         self.watch_pods(ns, seen, stop)
         time.sleep(3)
         req0 = self.request_counts()
+        comp0 = self.component_cpu()
         t0 = time.monotonic()
         for i in range(n):  # rendering is inside the timed region: the operator has to do it too
             body = self.ftj(f"b{i}")
@@ -421,6 +442,7 @@ class Bench:
             self.batch.create_namespaced_job(ns, _quantities_as_str(r.job))
         t_created = time.monotonic() - t0
         t_pods = self._wait_pods(seen, 2 * n, t0, timeout)
+        comp1 = self.component_cpu()
         req1 = self.request_counts()
         stop.set()
         self.delete_namespace(ns, wait=600)
@@ -428,6 +450,7 @@ class Bench:
             "jobs": n,
             "create_calls_s": t_created,
             "create_to_all_pods_s": t_pods,
+            "cpu_s_to_pods_by_process": self.cpu_delta(comp0, comp1),
             "requests_to_pods": self._requests(req0, req1),
         }
 

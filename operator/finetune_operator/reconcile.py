@@ -12,6 +12,7 @@ deleted, so the highest attempt seen on the cluster is always the current one.
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -20,7 +21,7 @@ from finetune_operator import constants
 from finetune_operator.api.errors import InvalidSpecError
 from finetune_operator.api.resource import FineTuneJob
 from finetune_operator.api.status import TERMINAL_PHASES, FineTuneJobStatus
-from finetune_operator.render import Rendered, RenderOptions, render_all
+from finetune_operator.render import Rendered, RenderOptions, render_or_errors
 from finetune_operator.render.names import attempt_job_name
 from finetune_operator.status import (
     STUCK_AFTER,
@@ -29,10 +30,11 @@ from finetune_operator.status import (
     StatusResult,
     Transition,
     compute_status,
-    render_or_errors,
 )
 
 TEMPLATE_HASH = f"{constants.GROUP}/template-hash"
+Renderer = Callable[[FineTuneJob, RenderOptions], Rendered | InvalidSpecError]
+"""`render_or_errors`, or a memo of it (the operator's `RenderCache`)."""
 
 
 @dataclass(frozen=True)
@@ -122,27 +124,30 @@ def desired_suspend(job: FineTuneJob) -> bool | None:
     return False
 
 
-def _render_guess(job: FineTuneJob, options: RenderOptions) -> tuple[int, Rendered | InvalidSpecError | None]:
+def _render_guess(
+    job: FineTuneJob, options: RenderOptions, render: Renderer
+) -> tuple[int, Rendered | InvalidSpecError | None]:
     """Render once for the attempt the job is most likely on (its current one); nothing for a finished job."""
     if job.status.phase in TERMINAL_PHASES:
         return 0, None
     attempt = max(job.status.attempt, 1)
-    return attempt, render_or_errors(job, replace(options, attempt=attempt))
+    return attempt, render(job, replace(options, attempt=attempt))
 
 
-def reconcile(job: FineTuneJob, observed: Observed, now: datetime, options: RenderOptions) -> Actions:
+def reconcile(
+    job: FineTuneJob, observed: Observed, now: datetime, options: RenderOptions, render: Renderer = render_or_errors
+) -> Actions:
     """Everything needed to move the cluster toward the job's spec."""
-    guessed, rendered_guess = _render_guess(job, options)
+    guessed, rendered_guess = _render_guess(job, options, render)
     result = compute_status(job, observed, now, rendered=rendered_guess)
     status = result.status
     if status.phase in TERMINAL_PHASES:
         return _terminal(job, observed, result, now)
     attempt = status.attempt
     # Only a restart moves to another attempt; then the Job (name, rendezvous host) is rendered again.
-    if attempt == guessed and isinstance(rendered_guess, Rendered):
-        rendered = rendered_guess
-    else:
-        rendered = render_all(job, replace(options, attempt=attempt))
+    rendered = rendered_guess if attempt == guessed else render(job, replace(options, attempt=attempt))
+    if not isinstance(rendered, Rendered):  # an invalid spec made the job Failed above: same spec, other attempt
+        raise rendered if rendered is not None else RuntimeError(f"{job.name}: active job without a rendering")
     apply = []
     if observed.config_map != rendered.config_map["data"]:
         apply.append(owned(rendered.config_map, job))

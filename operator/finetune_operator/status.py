@@ -15,7 +15,7 @@ from finetune_operator import constants
 from finetune_operator.api.errors import InvalidSpecError
 from finetune_operator.api.resource import FineTuneJob
 from finetune_operator.api.status import TERMINAL_PHASES, Condition, FineTuneJobStatus, Phase, PlanSummary
-from finetune_operator.render import Rendered, RenderOptions, render_all
+from finetune_operator.render import Rendered, render_or_errors
 from finetune_operator.render.workload import TERMINATION_GRACE_SECONDS
 
 EXIT_MEANINGS = {
@@ -264,14 +264,6 @@ def _plan_or_errors(job: FineTuneJob, rendered: Rendered | InvalidSpecError | No
             "reason": plan.reason[:1024],
         }
     )
-
-
-def render_or_errors(job: FineTuneJob, options: RenderOptions | None = None) -> Rendered | InvalidSpecError:
-    """`render_all` with its InvalidSpecError as a value (the plan does not depend on the render options)."""
-    try:
-        return render_all(job, options)
-    except InvalidSpecError as exc:
-        return exc
 
 
 def compute_status(

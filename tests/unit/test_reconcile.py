@@ -9,7 +9,8 @@ import pytest
 from finetune_operator.api.resource import FineTuneJob
 from finetune_operator.api.status import FineTuneJobStatus
 from finetune_operator.reconcile import Actions, reconcile
-from finetune_operator.render import RenderOptions, render_all
+from finetune_operator.render import RenderOptions, render_all, render_or_errors
+from finetune_operator.render.cache import RenderCache
 from finetune_operator.status import AttemptObserved, Observed, PodObserved
 from tests.builders import job_body
 
@@ -117,25 +118,32 @@ def test_the_same_state_always_gives_the_same_actions() -> None:
     assert reconcile(ftj(), observed, NOW, OPTIONS) == reconcile(ftj(), observed, NOW, OPTIONS)
 
 
-def test_a_steady_job_is_rendered_once_and_a_restart_renders_the_new_attempt(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_steady_job_is_rendered_once_and_a_restart_renders_the_new_attempt() -> None:
     calls: list[int] = []
 
-    def counting(job: FineTuneJob, options: RenderOptions | None = None) -> Any:
-        calls.append((options or RenderOptions()).attempt)
-        return render_all(job, options)
+    def counting(job: FineTuneJob, options: RenderOptions) -> Any:
+        calls.append(options.attempt)
+        return render_or_errors(job, options)
 
-    monkeypatch.setattr("finetune_operator.reconcile.render_all", counting)
-    monkeypatch.setattr("finetune_operator.status.render_all", counting)
     running = ftj(status={"phase": "Running", "attempt": 1})
-    reconcile(running, seen(AttemptObserved(1, "demo-1", pods=RUNNING)), NOW, OPTIONS)
+    reconcile(running, seen(AttemptObserved(1, "demo-1", pods=RUNNING)), NOW, OPTIONS, counting)
     assert calls == [1]
     calls.clear()
-    restart = reconcile(running, seen(AttemptObserved(1, "demo-1", failed=True, pods=LOST)), NOW, OPTIONS)
+    restart = reconcile(running, seen(AttemptObserved(1, "demo-1", failed=True, pods=LOST)), NOW, OPTIONS, counting)
     assert calls == [1, 2]
     expected = render_all(running, replace(OPTIONS, attempt=2)).job
     assert {k: v for k, v in restart.create[0].items() if k != "metadata"} == {
         k: v for k, v in expected.items() if k != "metadata"
     }
+
+
+def test_with_a_render_cache_the_rounds_of_a_steady_job_render_it_once() -> None:
+    cache = RenderCache()
+    pending = ftj(status={"phase": "Pending", "attempt": 1})
+    rounds = [seen(AttemptObserved(1, "demo-1")), seen(AttemptObserved(1, "demo-1", pods=RUNNING))]
+    cached = [reconcile(pending, observed, NOW, OPTIONS, cache) for observed in rounds * 2]
+    assert (cache.misses, cache.hits) == (1, 3)
+    assert cached == [reconcile(pending, observed, NOW, OPTIONS) for observed in rounds * 2]
 
 
 def test_deadline_and_ttl_ask_for_a_wake_up() -> None:

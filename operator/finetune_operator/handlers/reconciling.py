@@ -96,7 +96,7 @@ async def _reconcile_once(state: OperatorState, key: Key, fresh: dict[str, Any] 
         job.metadata.uid, *(_entries(state, n, key) for n in ("ftj_jobs", "ftj_pods", "ftj_configmaps", "ftj_services"))
     )
     now = datetime.now(UTC).replace(microsecond=0)
-    actions = reconcile(job, observed, now, state.config.render_options(job.namespace, job.name))
+    actions = reconcile(job, observed, now, state.config.render_options(job.namespace, job.name), state.renders)
     try:
         await _apply(state, job, actions)
     except RejectedError as exc:  # e.g. a template toleration the API server refuses: the spec, not luck

@@ -6,13 +6,16 @@ globals). It holds no object state that could go stale: reconciliation always re
 """
 
 import asyncio
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from finetune_operator.handlers.kube import Kube
 from finetune_operator.render import RenderOptions
+from finetune_operator.render.cache import RenderCache
 
 Key = tuple[str, str]
+Signature = tuple[str, int, tuple[tuple[str, str], ...], bool]
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,33 @@ class OperatorConfig:
 
 
 @dataclass
+class Triggers:
+    """What of each FineTuneJob the reconciler last reacted to: the parts a reconcile depends on
+    besides its own status (uid, generation = spec, labels, being deleted)."""
+
+    seen: dict[Key, Signature] = field(default_factory=dict)
+
+    @staticmethod
+    def signature(body: Mapping[str, Any]) -> Signature:
+        meta = body["metadata"]
+        labels = tuple(sorted((meta.get("labels") or {}).items()))
+        return str(meta.get("uid")), int(meta.get("generation") or 0), labels, bool(meta.get("deletionTimestamp"))
+
+    def first(self, key: Key) -> bool:
+        return key not in self.seen
+
+    def changed(self, key: Key, signature: Signature) -> bool:
+        """True (and remembered) when the job is new to this process or differs from the last sighting."""
+        if self.seen.get(key) == signature:
+            return False
+        self.seen[key] = signature
+        return True
+
+    def forget(self, key: Key) -> None:
+        self.seen.pop(key, None)
+
+
+@dataclass
 class OperatorState:
     """Shared, process-local state; created once by `configure()`."""
 
@@ -56,6 +86,8 @@ class OperatorState:
     wakeups: "asyncio.Queue[tuple[float, Key]]" = field(default_factory=asyncio.Queue)
     background: list["asyncio.Task[Any]"] = field(default_factory=list)
     peer_cache: dict[str | None, tuple[float, bool]] = field(default_factory=dict)
+    triggers: Triggers = field(default_factory=Triggers)
+    renders: RenderCache = field(default_factory=RenderCache)
 
     def lock(self, key: Key) -> asyncio.Lock:
         """One lock per job: reconciles of the same job never interleave in this process."""

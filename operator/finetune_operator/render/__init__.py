@@ -148,3 +148,11 @@ def render_all(job: FineTuneJob, options: RenderOptions | None = None) -> Render
         service=service,
         job=attempt_job,
     )
+
+
+def render_or_errors(job: FineTuneJob, options: RenderOptions | None = None) -> Rendered | InvalidSpecError:
+    """`render_all` with its InvalidSpecError as a value (the plan does not depend on the render options)."""
+    try:
+        return render_all(job, options)
+    except InvalidSpecError as exc:
+        return exc
