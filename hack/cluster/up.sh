@@ -17,6 +17,7 @@
 #   FTJOB_SCHEDULER_PORT    ports (default: free loopback ports)
 #   FTJOB_KEEP_DATA=1       keep etcd data from the last run (default: start empty)
 #   FTJOB_UP_TIMEOUT        seconds to wait for readiness (default 120)
+#   FTJOB_APISERVER_PROFILING=true  serve /debug/pprof on the apiserver (bench/operator/README.md)
 # The binaries come from hack/cluster/build.sh (run it first; up.sh does not build).
 set -euo pipefail
 
@@ -154,7 +155,7 @@ start kube-apiserver \
   --default-not-ready-toleration-seconds="$TOLERATION" \
   --default-unreachable-toleration-seconds="$TOLERATION" \
   --max-requests-inflight=1000 --max-mutating-requests-inflight=500 \
-  --profiling=false
+  --profiling="${FTJOB_APISERVER_PROFILING:-false}"
 wait_for "kube-apiserver /readyz" kube-apiserver "${KUBECTL[@]}" get --raw /readyz
 
 # --- kube-controller-manager -----------------------------------------------------------------

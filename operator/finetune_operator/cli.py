@@ -130,6 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
     op.add_argument("--progress-host", action="append", default=[],
                     help="DNS name or IP in the self-signed certificate (repeatable)")
     op.add_argument("--metrics-port", type=int, default=9090, help="HTTP port of /metrics")
+    op.add_argument("--max-concurrent-reconciles", type=int, default=16,
+                    help="reconcile rounds in flight at once, over all jobs (default 16)")
     op.set_defaults(func=_operator)
     return parser
 

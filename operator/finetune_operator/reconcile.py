@@ -156,6 +156,15 @@ def reconcile(
     current = observed.attempts.get(attempt)
     attempt_job = with_template_hash(owned(rendered.job, job))
     create = [attempt_job] if current is None else []
+    if create and result.reason == "Creating":
+        # The status describes the cluster after this round, which creates the Job (the status is written only
+        # after it was): one status write per new job, not "Creating" now and "PodsStarting" a moment later.
+        new = AttemptObserved(
+            attempt, attempt_job_name(job, attempt), suspended=bool(attempt_job["spec"].get("suspend"))
+        )
+        after = replace(observed, attempts={**observed.attempts, attempt: new})
+        result = compute_status(job, after, now, rendered=rendered)
+        status = result.status
     stale = [a.name for n, a in sorted(observed.attempts.items()) if n < attempt and not a.deleting]
     suspend: dict[str, bool] = {}
     want = desired_suspend(job)

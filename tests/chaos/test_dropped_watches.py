@@ -1,5 +1,5 @@
 """The operator's watch connections are dropped mid-run (the apiserver stays up): it reconnects, a job
-created after the drops gets its children and finishes within 30 s (well inside the 60 s resync, so
+created after the drops gets its children and finishes within 30 s (well inside the 270-300 s resync, so
 the watches themselves must be back), and no job gets a second set of children.
 
 The operator talks to the apiserver through a TCP proxy (`proxy.ApiProxy`) that closes every open

@@ -137,6 +137,25 @@ def test_a_steady_job_is_rendered_once_and_a_restart_renders_the_new_attempt() -
     }
 
 
+def test_a_new_jobs_first_status_already_counts_the_job_it_creates() -> None:
+    first = reconcile(ftj(), seen(children=False), NOW, OPTIONS)
+    assert [o["metadata"]["name"] for o in first.create] == ["demo-1"]
+    status = first.status
+    assert (status.phase, status.attempt, status.start_time) == ("Pending", 1, NOW)
+    assert [(c.type, c.status, c.reason) for c in status.conditions] == [("Created", "True", "ChildrenCreated")]
+    assert [(t.type, t.reason) for t in first.transitions] == [("Normal", "PodsStarting")]
+    # the next round (the Job observed) has nothing new to say
+    second = reconcile(ftj(status=status.to_dict(exclude_none=True)), seen(AttemptObserved(1, "demo-1")), NOW, OPTIONS)
+    assert second.status == status and second.transitions == [] and second.create == []
+
+
+def test_a_restart_still_reports_restarting_with_the_cause() -> None:
+    running = ftj(status={"phase": "Running", "attempt": 1, "message": "attempt 1: 2/2 node(s) running"})
+    restart = reconcile(running, seen(AttemptObserved(1, "demo-1", failed=True, pods=LOST)), NOW, OPTIONS)
+    assert (restart.status.phase, restart.status.attempt) == ("Restarting", 2)
+    assert [(t.type, t.reason) for t in restart.transitions] == [("Warning", "NodeLost")]
+
+
 def test_with_a_render_cache_the_rounds_of_a_steady_job_render_it_once() -> None:
     cache = RenderCache()
     pending = ftj(status={"phase": "Pending", "attempt": 1})

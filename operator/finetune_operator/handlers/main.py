@@ -33,6 +33,7 @@ def build_config(args: argparse.Namespace) -> OperatorConfig:
         progress_hosts=hosts,
         progress_ca=Path(ca_file).read_text() if ca_file else None,
         metrics_port=args.metrics_port,
+        max_concurrent_reconciles=args.max_concurrent_reconciles,
         peering_name=None if args.standalone else args.peering,
         priority=args.priority,
         identity=f"{socket.gethostname()}/{os.getpid()}/{uuid.uuid4().hex[:8]}",

@@ -9,6 +9,7 @@ round, so a decision never rests on a status this process wrote a moment ago but
 
 import asyncio
 import logging
+import random
 from datetime import UTC, datetime
 from typing import Any
 
@@ -33,6 +34,7 @@ PROGRESS_KEYS = frozenset({"progress", "output"})
 ERROR_RETRY_SECONDS = 5.0
 # A round is a handful of API calls (well under a second); one stuck this long is abandoned and retried.
 RECONCILE_TIMEOUT_SECONDS = 60.0
+RESYNC_JITTER = 0.1
 
 
 def capture_indexes(state: OperatorState, kwargs: dict[str, Any]) -> None:
@@ -52,28 +54,36 @@ async def reconcile_job(state: OperatorState, key: Key, body: dict[str, Any] | N
         return
     async with lock:
         while key in state.dirty:
-            state.dirty.discard(key)
-            try:
-                with metrics.RECONCILE_SECONDS.time():
-                    alive = await asyncio.wait_for(_reconcile_once(state, key, body), RECONCILE_TIMEOUT_SECONDS)
-                body = None
-            except kopf.TemporaryError as exc:  # API hiccup: look again soon, whatever triggered us
-                log.warning("[%s/%s] reconcile will be retried: %s", *key, exc)
-                requeue.schedule(state, key, exc.delay or 1.0)
-                return
-            except (aiohttp.ClientError, OSError) as exc:
-                # A dropped or refused connection, or a round past RECONCILE_TIMEOUT_SECONDS (TimeoutError is an
-                # OSError): a hung API call must not hold this job's lock (and status) forever.
-                log.warning("[%s/%s] API server did not answer (%s); retrying in 1 s", *key, type(exc).__name__)
-                requeue.schedule(state, key, 1.0)
-                return
-            except Exception:  # a bug or an unexpected answer: logged, retried later, never fatal
-                log.exception("[%s/%s] reconcile failed; retrying in %s s", *key, ERROR_RETRY_SECONDS)
-                requeue.schedule(state, key, ERROR_RETRY_SECONDS)
+            # At most `max_concurrent_reconciles` rounds in flight (controller-runtime's MaxConcurrentReconciles):
+            # when the API server is the bottleneck, a job waiting here gathers its triggers into one round.
+            async with state.slots:
+                state.dirty.discard(key)
+                alive = await _round(state, key, body)
+            body = None
+            if alive is None:
                 return
             if not alive:
                 state.locks.pop(key, None)
                 state.dirty.discard(key)
+
+
+async def _round(state: OperatorState, key: Key, body: dict[str, Any] | None) -> bool | None:
+    """One guarded round: whether the job is still there, or None when it failed and a retry is scheduled."""
+    try:
+        with metrics.RECONCILE_SECONDS.time():
+            return await asyncio.wait_for(_reconcile_once(state, key, body), RECONCILE_TIMEOUT_SECONDS)
+    except kopf.TemporaryError as exc:  # API hiccup: look again soon, whatever triggered us
+        log.warning("[%s/%s] reconcile will be retried: %s", *key, exc)
+        requeue.schedule(state, key, exc.delay or 1.0)
+    except (aiohttp.ClientError, OSError) as exc:
+        # A dropped or refused connection, or a round past RECONCILE_TIMEOUT_SECONDS (TimeoutError is an
+        # OSError): a hung API call must not hold this job's lock (and status) forever.
+        log.warning("[%s/%s] API server did not answer (%s); retrying in 1 s", *key, type(exc).__name__)
+        requeue.schedule(state, key, 1.0)
+    except Exception:  # a bug or an unexpected answer: logged, retried later, never fatal
+        log.exception("[%s/%s] reconcile failed; retrying in %s s", *key, ERROR_RETRY_SECONDS)
+        requeue.schedule(state, key, ERROR_RETRY_SECONDS)
+    return None
 
 
 def _entries(state: OperatorState, name: str, key: Key) -> list[Any]:
@@ -108,7 +118,8 @@ async def _reconcile_once(state: OperatorState, key: Key, fresh: dict[str, Any] 
         log.info("deleting %s/%s: ttlSecondsAfterFinished passed", *key)
         await state.kube.delete_finetunejob(job.namespace, job.name, job.metadata.uid)
     elif actions.requeue_after is not None or actions.status.phase not in TERMINAL_PHASES:
-        resync = state.config.resync_seconds
+        # Jittered, so the jobs of one burst do not all come back in the same second.
+        resync = state.config.resync_seconds * random.uniform(1 - RESYNC_JITTER, 1)
         requeue.schedule(state, key, min(actions.requeue_after or resync, resync))
     return True
 
