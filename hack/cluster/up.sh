@@ -41,10 +41,13 @@ done
 KUBECTL=("$BIN/kubectl" --kubeconfig "$D/kubeconfig")
 
 port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+# Below the kernel's ephemeral range: a port picked there can be taken by any outgoing connection
+# before the component binds it (seen: kube-scheduler "address already in use").
+EPHEMERAL_LOW=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
 free_port() {  # a loopback port nobody listens on, not handed out earlier in this run
   local p
   while :; do
-    p=$((20000 + RANDOM % 30000))
+    p=$((10000 + RANDOM % (EPHEMERAL_LOW - 10000)))
     [[ " ${TAKEN:-} " == *" $p "* ]] && continue
     port_busy "$p" || { TAKEN="${TAKEN:-} $p"; echo "$p"; return; }
   done

@@ -22,9 +22,9 @@ def run(scenario: Callable[[TestClient, list[Any]], Awaitable[None]]) -> list[An
     """Serve the app with fakes, run the scenario, return what was written to status."""
     written: list[Any] = []
 
-    async def write(ns: str, name: str, status: dict[str, Any]) -> bool:
+    async def write(ns: str, name: str, status: dict[str, Any]) -> dict[str, Any] | None:
         written.append((ns, name, status))
-        return name == "demo"
+        return {"status": status} if name == "demo" else None
 
     async def main() -> None:
         api = FakeApi()
@@ -51,8 +51,12 @@ def bearer(token: str) -> dict[str, str]:
         (bearer("good"), {"blob": "x" * (MAX_BODY_BYTES + 1)}, 413),
     ],
     ids=[
-        "no token is 401", "another job's token is 401", "a pod outside the job is 403",
-        "a negative step is 400", "an unknown field is 400", "a body over 64 KiB is 413",
+        "no token is 401",
+        "another job's token is 401",
+        "a pod outside the job is 403",
+        "a negative step is 400",
+        "an unknown field is 400",
+        "a body over 64 KiB is 413",
     ],
 )
 def test_refusals_write_nothing(headers: dict[str, str], body: Any, status: int) -> None:

@@ -14,7 +14,7 @@ async def _burst(monkeypatch: pytest.MonkeyPatch, slots: int) -> tuple[int, dict
     state = OperatorState(config=OperatorConfig(image="t", max_concurrent_reconciles=slots), kube=None)  # type: ignore[arg-type]
     in_flight, peak, rounds = 0, 0, {}
 
-    async def fake_round(state: Any, key: Key, body: Any) -> bool:
+    async def fake_round(state: Any, key: Key) -> bool:
         nonlocal in_flight, peak
         in_flight += 1
         peak = max(peak, in_flight)

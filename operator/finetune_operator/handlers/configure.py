@@ -86,7 +86,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: ko
 
     async def wake(key: tuple[str, str]) -> None:
         if await peers.active(state, key[0]):  # kopf pauses handlers in a standby replica, not our task
-            await reconcile_job(state, key)
+            await reconcile_job(state, key, reread=True)
 
     state.background.append(asyncio.create_task(requeue.run_wakeups(state, wake)))
     logger.info("progress endpoint on :%s (HTTPS), metrics on :%s", config.progress_port, config.metrics_port)

@@ -32,21 +32,19 @@ def _state(memo: kopf.Memo) -> OperatorState:
 async def finetunejob_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
     """First sighting (created, or listed at start), spec or labels changed, or deleting: reconcile it.
 
-    Events of our own status writes and progress pushes change none of that and are skipped.
+    Every event refreshes the job's body for later rounds; those of our own status writes and of
+    progress pushes change nothing a reconcile reads besides, and trigger none.
     """
     state = _state(memo)
     capture_indexes(state, kwargs)
     key = (str(body.meta.namespace), str(body.meta.name))
     if type == "DELETED":
         state.triggers.forget(key)
+        state.bodies.forget(key)
         return
-    first = state.triggers.first(key)
-    if not state.triggers.changed(key, Triggers.signature(body)):
-        return
-    # A job seen for the first time without a status is as fresh as a re-read; any other body may
-    # predate a status write of ours that its watch event has not delivered yet.
-    fresh = dict(body) if first and not body.get("status") else None
-    await reconcile_job(state, key, fresh)
+    state.bodies.offer(key, body)
+    if state.triggers.changed(key, Triggers.signature(body)):
+        await reconcile_job(state, key)
 
 
 @kopf.on.event("batch", "v1", "jobs", labels=CHILD_LABELS, id="attempt_job_event")

@@ -106,10 +106,10 @@ class Kube:
             raise _retry(exc, f"get {namespace}/{name}") from None
         return body
 
-    async def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> bool:
-        """Merge-patch the status subresource (only the keys given); False when the job is gone."""
+    async def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any] | None:
+        """Merge-patch the status subresource (only the keys given): the job as written, None when it is gone."""
         try:
-            await self.custom.patch_namespaced_custom_object_status(
+            written: dict[str, Any] = await self.custom.patch_namespaced_custom_object_status(
                 constants.GROUP,
                 constants.VERSION,
                 namespace,
@@ -120,9 +120,9 @@ class Kube:
             )
         except ApiException as exc:
             if exc.status == 404:
-                return False
+                return None
             raise _retry(exc, f"patch status of {namespace}/{name}") from None
-        return True
+        return written
 
     async def delete_finetunejob(self, namespace: str, name: str, uid: str | None) -> None:
         """Delete the job itself (TTL); the precondition on uid spares a re-created namesake."""

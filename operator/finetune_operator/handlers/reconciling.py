@@ -1,10 +1,12 @@
-"""One reconcile of one FineTuneJob: read it fresh, observe its children, decide, apply, write status.
+"""One reconcile of one FineTuneJob: read it, observe its children, decide, apply, write status.
 
-Every trigger (the job's own create/update/resume events, any event of its Jobs or pods, a
-deadline/TTL wake-up, the safety timer) ends in `reconcile_job(state, key)`. Reconciles of one job
-are serialized by a per-job lock and coalesced: a trigger that arrives while one runs only marks
-the job dirty, and the running one goes round again. The job is re-read from the API server each
-round, so a decision never rests on a status this process wrote a moment ago but has not seen yet.
+Every trigger (the job's own events, any event of its Jobs or pods, a deadline/TTL wake-up, the
+safety timer) ends in `reconcile_job(state, key)`. Reconciles of one job are serialized by a
+per-job lock and coalesced: a trigger that arrives while one runs (or waits for a slot) only marks
+the job dirty, and the running one goes round again. An event-driven round reads the job as the
+watch last showed it, which is never older than this process's own last status write
+(`state.Bodies`), so a decision never rests on a status written a moment ago but not seen yet;
+timer wake-ups (deadlines, retries, the resync safety net) re-read it from the API server.
 """
 
 import asyncio
@@ -43,12 +45,14 @@ def capture_indexes(state: OperatorState, kwargs: dict[str, Any]) -> None:
         state.indexes.update({k: kwargs[k] for k in ("ftj_jobs", "ftj_pods", "ftj_configmaps", "ftj_services")})
 
 
-async def reconcile_job(state: OperatorState, key: Key, body: dict[str, Any] | None = None) -> None:
+async def reconcile_job(state: OperatorState, key: Key, reread: bool = False) -> None:
     """Reconcile until no new trigger arrived meanwhile; triggers during a run are coalesced.
 
-    `body` is the job as the triggering watch event delivered it; it saves the first re-read.
+    `reread`: GET the job first instead of trusting the watch's view (timer wake-ups).
     """
     state.dirty.add(key)
+    if reread:
+        state.reread.add(key)
     lock = state.lock(key)
     if lock.locked():
         return
@@ -58,8 +62,7 @@ async def reconcile_job(state: OperatorState, key: Key, body: dict[str, Any] | N
             # when the API server is the bottleneck, a job waiting here gathers its triggers into one round.
             async with state.slots:
                 state.dirty.discard(key)
-                alive = await _round(state, key, body)
-            body = None
+                alive = await _round(state, key)
             if alive is None:
                 return
             if not alive:
@@ -67,11 +70,11 @@ async def reconcile_job(state: OperatorState, key: Key, body: dict[str, Any] | N
                 state.dirty.discard(key)
 
 
-async def _round(state: OperatorState, key: Key, body: dict[str, Any] | None) -> bool | None:
+async def _round(state: OperatorState, key: Key) -> bool | None:
     """One guarded round: whether the job is still there, or None when it failed and a retry is scheduled."""
     try:
         with metrics.RECONCILE_SECONDS.time():
-            return await asyncio.wait_for(_reconcile_once(state, key, body), RECONCILE_TIMEOUT_SECONDS)
+            return await asyncio.wait_for(_reconcile_once(state, key), RECONCILE_TIMEOUT_SECONDS)
     except kopf.TemporaryError as exc:  # API hiccup: look again soon, whatever triggered us
         log.warning("[%s/%s] reconcile will be retried: %s", *key, exc)
         requeue.schedule(state, key, exc.delay or 1.0)
@@ -91,9 +94,23 @@ def _entries(state: OperatorState, name: str, key: Key) -> list[Any]:
     return list(index.get(key, [])) if index is not None else []
 
 
-async def _reconcile_once(state: OperatorState, key: Key, fresh: dict[str, Any] | None) -> bool:
+async def _current_body(state: OperatorState, key: Key) -> dict[str, Any] | None:
+    """The job as the watch last showed it; GET it when asked to (`reread`) or when it was never seen."""
+    body = state.bodies.get(key)
+    if body is None or key in state.reread:
+        state.reread.discard(key)
+        fetched = await state.kube.get_finetunejob(*key)
+        if fetched is None:
+            state.bodies.forget(key)
+            return None
+        state.bodies.offer(key, fetched)
+        body = state.bodies.get(key)
+    return body
+
+
+async def _reconcile_once(state: OperatorState, key: Key) -> bool:
     """One round; False when the job is gone (or going)."""
-    body = fresh if fresh is not None else await state.kube.get_finetunejob(*key)
+    body = await _current_body(state, key)
     if body is None or body["metadata"].get("deletionTimestamp"):
         return False
     try:
@@ -166,7 +183,7 @@ async def _write_status(state: OperatorState, body: dict[str, Any], job: FineTun
     delta: dict[str, Any] = {k: v for k, v in new.items() if old.get(k) != v}
     delta |= {k: None for k, v in old.items() if k not in new and k not in PROGRESS_KEYS and v is not None}
     if delta:
-        await state.kube.patch_status(job.namespace, job.name, delta)
+        await _patch_status(state, body, delta)
     for transition in actions.transitions:
         await _announce(state, body, transition)
 
@@ -205,5 +222,13 @@ async def _write_invalid(state: OperatorState, body: dict[str, Any], exc: Invali
         "completionTime": now,
         "observedGeneration": body["metadata"].get("generation"),
     }
-    await state.kube.patch_status(body["metadata"]["namespace"], body["metadata"]["name"], status)
+    await _patch_status(state, body, status)
     await _announce(state, body, Transition("Warning", "InvalidSpec", message))
+
+
+async def _patch_status(state: OperatorState, body: dict[str, Any], status: dict[str, Any]) -> None:
+    """Write status and keep the answer: the next round must not read a body older than this write."""
+    key = (body["metadata"]["namespace"], body["metadata"]["name"])
+    written = await state.kube.patch_status(*key, status)
+    if written is not None:
+        state.bodies.offer(key, written)

@@ -21,7 +21,7 @@ from finetune_operator.progress.ratelimit import RateLimiter
 
 MAX_BODY_BYTES = 64 * 1024
 ROUTE = "/v1/namespaces/{namespace}/finetunejobs/{name}/progress"
-StatusWriter = Callable[[str, str, dict[str, Any]], Awaitable[bool]]  # (ns, name, status) -> job exists
+StatusWriter = Callable[[str, str, dict[str, Any]], Awaitable[object | None]]  # (ns, name, status) -> None: gone
 log = logging.getLogger(__name__)
 
 
@@ -63,10 +63,15 @@ def build_app(auth: Authenticator, limiter: RateLimiter, write_status: StatusWri
             status["progress"] = progress.to_dict(exclude_none=True)
         if report.output is not None:
             status["output"] = report.output.to_dict(exclude_none=True)
-        if status and not await write_status(ns, name, status):
+        if status and await write_status(ns, name, status) is None:
             return _answer(404, "not_found", "no such FineTuneJob")
-        log.debug("progress for %s/%s from pod %s: step %s", ns, name, decision.pod,
-                  report.progress.step if report.progress else None)
+        log.debug(
+            "progress for %s/%s from pod %s: step %s",
+            ns,
+            name,
+            decision.pod,
+            report.progress.step if report.progress else None,
+        )
         return _answer(200, "accepted", "ok")
 
     app = web.Application(client_max_size=MAX_BODY_BYTES)
