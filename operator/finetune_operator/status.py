@@ -8,8 +8,10 @@ reasons and messages instead. Terminal phases (Succeeded, Failed) are sticky.
 """
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
 from finetune_operator import constants
 from finetune_operator.api.errors import InvalidSpecError
@@ -329,3 +331,19 @@ def _transitions(prev: FineTuneJobStatus, v: _Verdict) -> list[Transition]:
         return []
     warning = v.phase in ("Failed", "Restarting")
     return [Transition("Warning" if warning else "Normal", v.reason, v.message)]
+
+
+DETAIL_KEYS = frozenset({"readyNodes", "message", "conditions"})
+
+
+def only_details_changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    """Between two written statuses, only the ready count and messages moved: same phase, attempt and
+    condition states. Such a change may wait a moment (the Job controller batches its pod counts the
+    same way); anything else is news and is written at once."""
+
+    def shape(status: Mapping[str, Any]) -> tuple[Any, ...]:
+        conditions = [(c.get("type"), c.get("status"), c.get("reason")) for c in status.get("conditions") or []]
+        return status.get("phase"), status.get("attempt"), conditions
+
+    changed = {k for k in {*old, *new} if old.get(k) != new.get(k)}
+    return bool(changed) and changed <= DETAIL_KEYS and shape(old) == shape(new)

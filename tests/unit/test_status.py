@@ -7,7 +7,7 @@ import pytest
 
 from finetune_operator.api.resource import FineTuneJob
 from finetune_operator.api.status import FineTuneJobStatus
-from finetune_operator.status import AttemptObserved, Observed, PodObserved, compute_status
+from finetune_operator.status import AttemptObserved, Observed, PodObserved, compute_status, only_details_changed
 from tests.builders import job_body
 
 NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
@@ -154,3 +154,26 @@ def test_the_culprit_is_named_not_the_pod_stopped_because_of_it() -> None:
     pods_ = (PodObserved("demo-1-0", "Failed", exit_code=143), PodObserved("demo-1-1", "Failed", exit_code=1))
     result = compute_status(ftj(), Observed(attempts={1: attempt(1, failed=True, pods=pods_)}), NOW)
     assert "demo-1-1" in result.transitions[0].message and "demo-1-0" not in result.transitions[0].message
+
+
+def _written(phase: str, ready: int, running: str = "False") -> dict[str, Any]:
+    conditions = [{"type": "Created", "status": "True", "reason": "ChildrenCreated", "message": "attempt 1 created"}]
+    if phase == "Running":
+        conditions.append({"type": "Running", "status": running, "reason": "AllNodesReady", "message": f"{ready}/2"})
+    return {"phase": phase, "attempt": 1, "readyNodes": ready, "message": f"{ready}/2 ready", "conditions": conditions}
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "details"),
+    [
+        (_written("Pending", 0), _written("Pending", 1), True),  # one more node ready
+        (_written("Running", 2, "True"), _written("Running", 1, "True"), True),  # a blip: messages only
+        (_written("Pending", 1), _written("Running", 2, "True"), False),  # a phase change is news
+        (_written("Pending", 1), {**_written("Pending", 1), "attempt": 2}, False),
+        (_written("Pending", 1), {**_written("Pending", 1), "startTime": "2026-01-01T00:00:00Z"}, False),
+        (_written("Running", 2, "True"), _written("Running", 2, "False"), False),  # a condition flips
+        (_written("Pending", 1), _written("Pending", 1), False),  # nothing changed at all
+    ],
+)
+def test_only_ready_counts_and_messages_are_details(old: dict[str, Any], new: dict[str, Any], details: bool) -> None:
+    assert only_details_changed(old, new) is details

@@ -12,6 +12,7 @@ timer wake-ups (deadlines, retries, the resync safety net) re-read it from the A
 import asyncio
 import logging
 import random
+import time
 from datetime import UTC, datetime
 from typing import Any
 
@@ -28,7 +29,7 @@ from finetune_operator.handlers.indexes import observe
 from finetune_operator.handlers.kube import RejectedError
 from finetune_operator.handlers.state import Key, OperatorState
 from finetune_operator.reconcile import Actions, reconcile
-from finetune_operator.status import Transition
+from finetune_operator.status import Transition, only_details_changed
 
 log = logging.getLogger(__name__)
 # Keys the progress endpoint owns; the reconciler never writes them, so it cannot undo a push.
@@ -37,6 +38,8 @@ ERROR_RETRY_SECONDS = 5.0
 # A round is a handful of API calls (well under a second); one stuck this long is abandoned and retried.
 RECONCILE_TIMEOUT_SECONDS = 60.0
 RESYNC_JITTER = 0.1
+# A change of only the ready count or messages is written at most once a second per job (`only_details_changed`).
+STATUS_BATCH_SECONDS = 1.0
 
 
 def capture_indexes(state: OperatorState, kwargs: dict[str, Any]) -> None:
@@ -68,6 +71,7 @@ async def reconcile_job(state: OperatorState, key: Key, reread: bool = False) ->
             if not alive:
                 state.locks.pop(key, None)
                 state.dirty.discard(key)
+                state.status_written.pop(key, None)
 
 
 async def _round(state: OperatorState, key: Key) -> bool | None:
@@ -182,6 +186,11 @@ async def _write_status(state: OperatorState, body: dict[str, Any], job: FineTun
     old = body.get("status") or {}
     delta: dict[str, Any] = {k: v for k, v in new.items() if old.get(k) != v}
     delta |= {k: None for k, v in old.items() if k not in new and k not in PROGRESS_KEYS and v is not None}
+    key = (job.namespace, job.name)
+    wait = STATUS_BATCH_SECONDS - (time.monotonic() - state.status_written.get(key, -STATUS_BATCH_SECONDS))
+    if delta and wait > 0 and only_details_changed(old, {**old, **delta}):
+        requeue.schedule(state, key, wait)  # a ready count moving again within the second: written then
+        delta = {}
     if delta:
         await _patch_status(state, body, delta)
     for transition in actions.transitions:
@@ -230,5 +239,6 @@ async def _patch_status(state: OperatorState, body: dict[str, Any], status: dict
     """Write status and keep the answer: the next round must not read a body older than this write."""
     key = (body["metadata"]["namespace"], body["metadata"]["name"])
     written = await state.kube.patch_status(*key, status)
+    state.status_written[key] = time.monotonic()
     if written is not None:
         state.bodies.offer(key, written)

@@ -124,6 +124,8 @@ class OperatorState:
     bodies: Bodies = field(default_factory=Bodies)
     reread: set[Key] = field(default_factory=set)
     """Jobs whose next round must GET the job (timer wake-ups: the safety net must not trust the watch)."""
+    status_written: dict[Key, float] = field(default_factory=dict)
+    """When each job's status was last written (monotonic clock), to batch ready-count changes."""
     renders: RenderCache = field(default_factory=RenderCache)
     slots: asyncio.Semaphore = field(init=False)
 
