@@ -134,22 +134,34 @@ def _worker(rank: int, path: str, port: int, out: str) -> None:
             logits = model(input_ids=ids).logits.float()
             ref_logits = plain(input_ids=ids).logits.float()
     assert torch.equal(logits, ref_logits)
+    _report(rank, out, stats)
+
+
+def _report(rank: int, out: str, result: object) -> None:
+    """Rank 0 writes what it found (the test reads it), then every rank leaves the process group."""
     if rank == 0:
         with open(out, "w") as f:
-            f.write(f"ok {stats}")
+            f.write(f"ok {result}")
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
 
 
-@pytest.mark.gpu
-def test_4bit_weights_partitioned_while_loading_match_plain_load(tmp_path):
+def _spawn(worker, tmp_path) -> str:
+    """Run `worker(rank, model_path, port, out)` on WORLD ranks over a fresh tiny model; rank 0's report."""
     import torch.multiprocessing as mp
 
     path = str(tmp_path / "tiny")
     _tiny_llama(path)
     out = tmp_path / "ok.txt"
-    mp.spawn(_worker, args=(path, _free_port(), str(out)), nprocs=WORLD, join=True)
-    assert out.read_text().startswith("ok")
+    mp.spawn(worker, args=(path, _free_port(), str(out)), nprocs=WORLD, join=True)
+    report = out.read_text()
+    assert report.startswith("ok")
+    return report
+
+
+@pytest.mark.gpu
+def test_4bit_weights_partitioned_while_loading_match_plain_load(tmp_path):
+    _spawn(_worker, tmp_path)
 
 
 def _train_worker(rank: int, path: str, port: int, out: str) -> None:
@@ -190,20 +202,9 @@ def _train_worker(rank: int, path: str, port: int, out: str) -> None:
         del engine, model
     assert losses["while loading"] == losses["after deepspeed.initialize"], losses
     assert losses["while loading"][-1] < losses["while loading"][0], losses
-    if rank == 0:
-        with open(out, "w") as f:
-            f.write(f"ok {losses}")
-    torch.distributed.barrier()
-    torch.distributed.destroy_process_group()
+    _report(rank, out, losses)
 
 
 @pytest.mark.gpu
 def test_training_from_either_load_is_the_same(tmp_path):
-    import torch.multiprocessing as mp
-
-    path = str(tmp_path / "tiny")
-    _tiny_llama(path)
-    out = tmp_path / "ok.txt"
-    mp.spawn(_train_worker, args=(path, _free_port(), str(out)), nprocs=WORLD, join=True)
-    assert out.read_text().startswith("ok")
-    print(out.read_text())
+    print(_spawn(_train_worker, tmp_path))
