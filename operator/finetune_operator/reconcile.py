@@ -146,8 +146,8 @@ def reconcile(
     attempt = status.attempt
     # Only a restart moves to another attempt; then the Job (name, rendezvous host) is rendered again.
     rendered = rendered_guess if attempt == guessed else render(job, replace(options, attempt=attempt))
-    if not isinstance(rendered, Rendered):  # an invalid spec made the job Failed above: same spec, other attempt
-        raise rendered if rendered is not None else RuntimeError(f"{job.name}: active job without a rendering")
+    if not isinstance(rendered, Rendered):  # unreachable: an invalid spec or a finished job returned above
+        raise RuntimeError(f"{job.name}: no rendering for an active job")
     apply = []
     if observed.config_map != rendered.config_map["data"]:
         apply.append(owned(rendered.config_map, job))

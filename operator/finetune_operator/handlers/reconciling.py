@@ -11,6 +11,7 @@ timer wake-ups (deadlines, retries, the resync safety net) re-read it from the A
 
 import asyncio
 import logging
+import math
 import random
 import time
 from datetime import UTC, datetime
@@ -187,9 +188,10 @@ async def _write_status(state: OperatorState, body: dict[str, Any], job: FineTun
     delta: dict[str, Any] = {k: v for k, v in new.items() if old.get(k) != v}
     delta |= {k: None for k, v in old.items() if k not in new and k not in PROGRESS_KEYS and v is not None}
     key = (job.namespace, job.name)
-    wait = STATUS_BATCH_SECONDS - (time.monotonic() - state.status_written.get(key, -STATUS_BATCH_SECONDS))
-    if delta and wait > 0 and only_details_changed(old, {**old, **delta}):
-        requeue.schedule(state, key, wait)  # a ready count moving again within the second: written then
+    since_write = time.monotonic() - state.status_written.get(key, -math.inf)
+    if delta and since_write < STATUS_BATCH_SECONDS and only_details_changed(old, {**old, **delta}):
+        # a ready count moving again within the second: written by this wake-up (or a sooner round)
+        requeue.schedule(state, key, STATUS_BATCH_SECONDS - since_write)
         delta = {}
     if delta:
         await _patch_status(state, body, delta)
