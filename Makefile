@@ -36,7 +36,7 @@ run: ## train the tiny example on this machine: ftjob run examples/tiny-cpu.yaml
 	$(VENV)/bin/ftjob run --fresh examples/tiny-cpu.yaml
 
 test: cluster-build ## everything CI runs: lint, unit, trainer (CPU) and control-plane tests
-	$(VENV)/bin/ruff check operator trainer tests
+	$(VENV)/bin/ruff check api operator trainer tests
 	$(VENV)/bin/lint-imports
 	PATH="$(VENV)/bin:$$PATH" $(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
@@ -44,7 +44,7 @@ test-unit: ## fast tests only (no cluster, no training)
 	$(VENV)/bin/python -m pytest tests/unit $(PYTEST_ARGS)
 
 lint: ## ruff + import-linter layer contracts
-	$(VENV)/bin/ruff check operator trainer tests
+	$(VENV)/bin/ruff check api operator trainer tests
 	$(VENV)/bin/lint-imports
 
 crd: ## regenerate crds/finetunejob.yaml from the API models

@@ -104,10 +104,10 @@ def render_job(job_dict: dict[str, Any], workdir: Path, *, timed: bool, trainer_
 
     `trainer_updates` (e.g. {"output": {"probe_path": ...}}) is merged into trainer.json after rendering: only for
     fields the operator never renders (test probes)."""
-    from finetune_operator.api.resource import FineTuneJob
+    from finetune_api.v1alpha1.resource import FineTuneJob
     from finetune_operator.render import RenderOptions, render_all, render_files
     from finetune_operator.render.command import render_node_command
-    from finetune_trainer.config import TrainerConfig
+    from finetune_api.trainer_input import TrainerConfig
 
     job = FineTuneJob.model_validate(job_dict)
     config_dir, checkpoint_dir = workdir / "config", workdir / "checkpoints"

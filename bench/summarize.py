@@ -104,7 +104,7 @@ def current_estimates() -> dict[str, float]:
     try:
         import run_bench as rb
 
-        from finetune_operator.api.resource import FineTuneJob
+        from finetune_api.v1alpha1.resource import FineTuneJob
         from finetune_operator.plan import plan_job
     except ImportError:
         return {}

@@ -2,7 +2,7 @@
 
 from typing import Any
 
-from finetune_operator.api.resource import FineTuneJob
+from finetune_api.v1alpha1.resource import FineTuneJob
 
 
 def job_body(

@@ -436,7 +436,7 @@ class Bench:
 
     def burst_floor(self, n: int, timeout: float) -> dict[str, Any]:
         """The same children, created directly from render_all output (no operator)."""
-        from finetune_operator.api.resource import FineTuneJob
+        from finetune_api.v1alpha1.resource import FineTuneJob
         from finetune_operator.render import render_all
 
         ns = self.namespace(f"burst-floor-{n}-{uuid.uuid4().hex[:4]}")

@@ -11,8 +11,8 @@ from typing import Any
 
 import yaml
 
-from finetune_operator.api.errors import InvalidSpecError
-from finetune_operator.api.resource import FineTuneJob
+from finetune_api.v1alpha1.errors import InvalidSpecError
+from finetune_api.v1alpha1.resource import FineTuneJob
 
 EXIT_INVALID = 2
 
@@ -42,7 +42,7 @@ def _crd(args: argparse.Namespace) -> int:
 
 
 def _render(args: argparse.Namespace) -> int:
-    from finetune_operator import constants
+    from finetune_api import constants
     from finetune_operator.render import RenderOptions, dump_yaml, render_all
 
     rendered = render_all(load_job(args.job), RenderOptions(image=args.image, attempt=args.attempt))
@@ -139,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if getattr(args, "image", "unset") is None:
-        from finetune_operator import constants
+        from finetune_api import constants
 
         args.image = constants.DEFAULT_TRAINER_IMAGE
     try:

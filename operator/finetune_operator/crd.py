@@ -7,9 +7,9 @@ defaults dropped (the model applies defaults; API-server defaulting would rewrit
 
 from typing import Any
 
-from finetune_operator import constants
-from finetune_operator.api.spec import FineTuneJobSpec
-from finetune_operator.api.status import FineTuneJobStatus
+from finetune_api import constants
+from finetune_api.v1alpha1.spec import FineTuneJobSpec
+from finetune_api.v1alpha1.status import FineTuneJobStatus
 
 _DROP = {"title", "default"}
 

@@ -16,8 +16,8 @@ import threading
 from pathlib import Path
 from typing import IO
 
-from finetune_operator import constants
-from finetune_operator.api.resource import FineTuneJob
+from finetune_api import constants
+from finetune_api.v1alpha1.resource import FineTuneJob
 from finetune_operator.render import RenderOptions, render_all
 from finetune_operator.render.command import render_node_command
 

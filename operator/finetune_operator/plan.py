@@ -13,8 +13,8 @@ parallel. Pure: no I/O.
 
 from dataclasses import dataclass, field
 
-from finetune_operator.api.errors import FieldError, InvalidSpecError
-from finetune_operator.api.spec import FineTuneJobSpec, ModelShape
+from finetune_api.v1alpha1.errors import FieldError, InvalidSpecError
+from finetune_api.v1alpha1.spec import FineTuneJobSpec, ModelShape
 
 GIB = 1024**3
 CUDA_OVERHEAD_BYTES = 2.5 * GIB  # CUDA context, NCCL buffers, allocator fragmentation

@@ -1,6 +1,6 @@
 """Human-readable text of a Plan, for `ftjob plan`. Pure."""
 
-from finetune_operator.api.resource import FineTuneJob
+from finetune_api.v1alpha1.resource import FineTuneJob
 from finetune_operator.plan import FIT_MARGIN, GIB, Plan
 
 

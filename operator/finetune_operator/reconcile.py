@@ -17,10 +17,10 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from finetune_operator import constants
-from finetune_operator.api.errors import InvalidSpecError
-from finetune_operator.api.resource import FineTuneJob
-from finetune_operator.api.status import TERMINAL_PHASES, FineTuneJobStatus
+from finetune_api import constants
+from finetune_api.v1alpha1.errors import InvalidSpecError
+from finetune_api.v1alpha1.resource import FineTuneJob
+from finetune_api.v1alpha1.status import TERMINAL_PHASES, FineTuneJobStatus
 from finetune_operator.render import Rendered, RenderOptions, render_or_errors
 from finetune_operator.render.names import attempt_job_name
 from finetune_operator.status import (

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from finetune_operator import constants
-from finetune_operator.api.errors import InvalidSpecError
-from finetune_operator.api.resource import FineTuneJob
-from finetune_operator.api.status import TERMINAL_PHASES, Condition, FineTuneJobStatus, Phase, PlanSummary
+from finetune_api import constants
+from finetune_api.v1alpha1.errors import InvalidSpecError
+from finetune_api.v1alpha1.resource import FineTuneJob
+from finetune_api.v1alpha1.status import TERMINAL_PHASES, Condition, FineTuneJobStatus, Phase, PlanSummary
 from finetune_operator.render import Rendered, render_or_errors
 from finetune_operator.render.workload import TERMINATION_GRACE_SECONDS
 

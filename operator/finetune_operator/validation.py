@@ -5,9 +5,9 @@ CEL cannot, such as reserved env names) so `ftjob render`, `ftjob run` and the o
 same specs with the same words. Pure: no I/O, no Kubernetes.
 """
 
-from finetune_operator import constants
-from finetune_operator.api.errors import FieldError
-from finetune_operator.api.resource import FineTuneJob
+from finetune_api import constants
+from finetune_api.v1alpha1.errors import FieldError
+from finetune_api.v1alpha1.resource import FineTuneJob
 
 DS = "spec.distributed.deepspeed"
 

@@ -16,8 +16,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from finetune_operator.api.errors import InvalidSpecError
-from finetune_operator.api.resource import FineTuneJob
+from finetune_api.v1alpha1.errors import InvalidSpecError
+from finetune_api.v1alpha1.resource import FineTuneJob
 from finetune_operator.render import render_all
 from tests.controlplane.conftest import Cluster, wait_until
 from tests.controlplane.operator.conftest import Operator, ftj, get

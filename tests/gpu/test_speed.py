@@ -120,7 +120,7 @@ def test_model_varlen_on_gpu_matches_per_document():
 
 
 def _cfg(**over):
-    from finetune_trainer.config import TrainerConfig
+    from finetune_api.trainer_input import TrainerConfig
 
     base = {
         "job": {"name": "t"},

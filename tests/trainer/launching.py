@@ -23,9 +23,9 @@ from typing import Any
 
 import pytest
 
+from finetune_api.trainer_input import TrainerConfig
 from finetune_operator.cli import load_job
 from finetune_operator.render import RenderOptions, render_all
-from finetune_trainer.config import TrainerConfig
 
 BIN = Path(sys.executable).parent
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from finetune_trainer.config import TrainerConfig
+from finetune_api.trainer_input import TrainerConfig
 from tests.trainer.launching import write_config
 
 pytestmark = pytest.mark.trainer

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from finetune_operator.constants import EXIT_BAD_DATASET, EXIT_INVALID_CONFIG, EXIT_UNKNOWN_MODEL
+from finetune_api.constants import EXIT_BAD_DATASET, EXIT_INVALID_CONFIG, EXIT_UNKNOWN_MODEL
 from tests.trainer.launching import write_config
 
 pytestmark = pytest.mark.trainer

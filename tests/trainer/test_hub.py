@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from finetune_api.trainer_input import HubConfig, TrainerConfig
 from finetune_trainer.cards import write_card
-from finetune_trainer.config import HubConfig, TrainerConfig
 from finetune_trainer.errors import PushFailedError
 from finetune_trainer.hub import push
 from tests.fixtures.hub_server import HubServer

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from finetune_operator.api.status import Progress, TrainerReport
+from finetune_api.v1alpha1.status import Progress, TrainerReport
 from tests.fixtures.progress_server import ProgressServer
 from tests.trainer.launching import free_port
 

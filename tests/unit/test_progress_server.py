@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from finetune_operator.api.status import Progress, TrainerReport
+from finetune_api.v1alpha1.status import Progress, TrainerReport
 from finetune_operator.progress.auth import Authenticator
 from finetune_operator.progress.ratelimit import RateLimiter
 from finetune_operator.progress.server import MAX_BODY_BYTES, build_app, build_metrics_app

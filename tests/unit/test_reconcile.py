@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from finetune_operator.api.resource import FineTuneJob
-from finetune_operator.api.status import FineTuneJobStatus
+from finetune_api.v1alpha1.resource import FineTuneJob
+from finetune_api.v1alpha1.status import FineTuneJobStatus
 from finetune_operator.reconcile import Actions, reconcile
 from finetune_operator.render import RenderOptions, render_all, render_or_errors
 from finetune_operator.render.cache import RenderCache

@@ -3,8 +3,8 @@
 from dataclasses import replace
 from typing import Any
 
-from finetune_operator.api.errors import InvalidSpecError
-from finetune_operator.api.resource import FineTuneJob
+from finetune_api.v1alpha1.errors import InvalidSpecError
+from finetune_api.v1alpha1.resource import FineTuneJob
 from finetune_operator.render import Rendered, RenderOptions, render_all
 from finetune_operator.render.cache import RenderCache
 from tests.builders import job_body

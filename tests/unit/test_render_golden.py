@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from finetune_operator import constants
+from finetune_api import constants
 from finetune_operator.cli import main
 
 CASES_DIR = Path(__file__).resolve().parents[1] / "golden" / "cases"

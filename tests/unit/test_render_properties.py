@@ -8,10 +8,10 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from finetune_operator.api.errors import InvalidSpecError
-from finetune_operator.api.resource import FineTuneJob
+from finetune_api.trainer_input import TrainerConfig
+from finetune_api.v1alpha1.errors import InvalidSpecError
+from finetune_api.v1alpha1.resource import FineTuneJob
 from finetune_operator.render import render_all
-from finetune_trainer.config import TrainerConfig
 from tests.builders import with_spec
 
 MODELS = ["meta-llama/Llama-2-7b-hf", "meta-llama/Llama-2-70b-hf", "builtin:tiny-llama", "acme/unknown"]

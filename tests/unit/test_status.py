@@ -5,8 +5,8 @@ from typing import Any
 
 import pytest
 
-from finetune_operator.api.resource import FineTuneJob
-from finetune_operator.api.status import FineTuneJobStatus
+from finetune_api.v1alpha1.resource import FineTuneJob
+from finetune_api.v1alpha1.status import FineTuneJobStatus
 from finetune_operator.status import AttemptObserved, Observed, PodObserved, compute_status, only_details_changed
 from tests.builders import job_body
 

@@ -5,7 +5,7 @@ import asyncio
 from types import SimpleNamespace
 from typing import Any
 
-from finetune_operator.api.status import FineTuneJobStatus
+from finetune_api.v1alpha1.status import FineTuneJobStatus
 from finetune_operator.handlers import reconciling
 from finetune_operator.handlers.state import OperatorConfig, OperatorState
 

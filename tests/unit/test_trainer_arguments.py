@@ -4,10 +4,10 @@ from pathlib import Path
 
 import yaml
 
-from finetune_operator.api.resource import FineTuneJob
+from finetune_api.trainer_input import TrainingConfig
+from finetune_api.v1alpha1.resource import FineTuneJob
 from finetune_operator.render import render_all
 from finetune_trainer.arguments import build_sft_config, checkpointing_kwargs
-from finetune_trainer.config import TrainingConfig
 
 
 def test_offload_reaches_transformers_only_when_asked() -> None:

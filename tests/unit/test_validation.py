@@ -6,8 +6,8 @@ from typing import Any
 import pytest
 import yaml
 
-from finetune_operator.api.errors import InvalidSpecError
-from finetune_operator.api.resource import FineTuneJob
+from finetune_api.v1alpha1.errors import InvalidSpecError
+from finetune_api.v1alpha1.resource import FineTuneJob
 from finetune_operator.cli import EXIT_INVALID, main
 from finetune_operator.render import render_all
 from tests.builders import job_body, with_spec

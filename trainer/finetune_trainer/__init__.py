@@ -20,5 +20,5 @@ module with one job:
 * `launch` — `python -m finetune_trainer.launch <accelerate launch args>`: keeps exit 64/65/66 through accelerate
 
 It never imports kopf, kubernetes or the operator's handlers; from the operator it uses only
-`finetune_operator.constants` and `finetune_operator.api.status`.
+`finetune_api.constants` and `finetune_api.v1alpha1.status`.
 """

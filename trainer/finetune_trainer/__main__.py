@@ -19,6 +19,7 @@ import os
 import sys
 from pathlib import Path
 
+from finetune_api import constants
 from finetune_trainer.compat import zero3_checkpointing_problem
 from finetune_trainer.errors import EXIT_SIGTERM, InvalidConfigError, PermanentError, PushFailedError
 
@@ -148,7 +149,7 @@ def _report_permanent(error: PermanentError) -> None:
     """Leave the exit code where it survives `accelerate launch` (which exits 1 for any worker failure): the
     file named by FTJOB_EXIT_FILE (read by `finetune_trainer.launch`) and the pod's termination message."""
     record = json.dumps({"exitCode": error.exit_code, "reason": type(error).__name__, "message": error.message})
-    exit_file = os.environ.get("FTJOB_EXIT_FILE")
+    exit_file = os.environ.get(constants.ENV_EXIT_FILE)
     if exit_file:
         tmp = Path(f"{exit_file}.{os.getpid()}")
         with contextlib.suppress(OSError):
@@ -159,8 +160,8 @@ def _report_permanent(error: PermanentError) -> None:
 
 def _termination_message(message: str) -> None:
     """Kubernetes shows /dev/termination-log in the pod status, where the operator can quote it."""
-    path = Path(os.environ.get("FTJOB_TERMINATION_LOG", "/dev/termination-log"))
-    if path.parent.is_dir() and (path.exists() or os.environ.get("FTJOB_TERMINATION_LOG")):
+    path = Path(os.environ.get(constants.ENV_TERMINATION_LOG, "/dev/termination-log"))
+    if path.parent.is_dir() and (path.exists() or os.environ.get(constants.ENV_TERMINATION_LOG)):
         with contextlib.suppress(OSError):
             path.write_text(message[:4000])
 

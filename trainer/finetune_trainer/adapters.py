@@ -14,7 +14,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from finetune_trainer.config import TrainerConfig
+from finetune_api.trainer_input import TrainerConfig
 
 if TYPE_CHECKING:
     from peft import LoraConfig

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from finetune_trainer.config import TrainerConfig, TrainingConfig
+from finetune_api.trainer_input import TrainerConfig, TrainingConfig
 from finetune_trainer.cpu import on_cpu
 
 if TYPE_CHECKING:

@@ -19,6 +19,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from finetune_api import constants
 from finetune_trainer.templates import CHATML as CHATML_TEMPLATE
 
 log = logging.getLogger(__name__)
@@ -47,7 +48,7 @@ _OPS: tuple[tuple[str, Callable[[int, int], int]], ...] = (
 
 def cache_root() -> Path:
     """Where built-in artefacts live; FTJOB_CACHE lets tests isolate it."""
-    base = os.environ.get("FTJOB_CACHE") or str(Path.home() / ".cache" / "finetune-operator")
+    base = os.environ.get(constants.ENV_CACHE) or str(Path.home() / ".cache" / "finetune-operator")
     return Path(base) / "builtin"
 
 

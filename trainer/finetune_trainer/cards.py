@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from finetune_trainer.config import TrainerConfig
+from finetune_api.trainer_input import TrainerConfig
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 

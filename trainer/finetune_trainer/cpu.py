@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import os
 
-from finetune_trainer.config import TrainerConfig
+from finetune_api.trainer_input import TrainerConfig
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from finetune_trainer.config import TrainerConfig
+from finetune_api.trainer_input import TrainerConfig
 from finetune_trainer.errors import BadDatasetError
 from finetune_trainer.templates import is_messages, render
 

@@ -1,12 +1,12 @@
 """Permanent trainer failures and the exit codes the operator reads from them.
 
 A permanent error (bad config, missing dataset field, unknown model) must not burn the job's retries, so each
-one maps to a distinct exit code from `finetune_operator.constants`. Anything else (OOM, NCCL, a crashed
+one maps to a distinct exit code from `finetune_api.constants`. Anything else (OOM, NCCL, a crashed
 node, a failed push) escapes as an ordinary exception and is retryable. This module never decides *what* is
 wrong; the loaders raise these with a message a person can act on.
 """
 
-from finetune_operator.constants import EXIT_BAD_DATASET, EXIT_INVALID_CONFIG, EXIT_UNKNOWN_MODEL
+from finetune_api.constants import EXIT_BAD_DATASET, EXIT_INVALID_CONFIG, EXIT_UNKNOWN_MODEL
 
 
 class PermanentError(Exception):

@@ -18,9 +18,9 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from finetune_operator.api.status import OutputStatus
-from finetune_operator.constants import ENV_HF_TOKEN
-from finetune_trainer.config import HubConfig, TrainerConfig
+from finetune_api.constants import ENV_HF_TOKEN
+from finetune_api.trainer_input import HubConfig, TrainerConfig
+from finetune_api.v1alpha1.status import OutputStatus
 from finetune_trainer.errors import PushFailedError
 
 log = logging.getLogger(__name__)

@@ -24,9 +24,10 @@ import tempfile
 from pathlib import Path
 from types import FrameType
 
-from finetune_operator.constants import EXIT_PERMANENT_CODES
+from finetune_api import constants
+from finetune_api.constants import EXIT_PERMANENT_CODES
 
-ENV_EXIT_FILE = "FTJOB_EXIT_FILE"
+ENV_EXIT_FILE = constants.ENV_EXIT_FILE
 
 
 def permanent_code(exit_file: Path) -> int | None:

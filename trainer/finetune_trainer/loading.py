@@ -7,7 +7,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from finetune_trainer.config import TrainerConfig
+from finetune_api.trainer_input import TrainerConfig
 from finetune_trainer.errors import InvalidConfigError
 
 

@@ -14,7 +14,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from finetune_trainer.config import TrainerConfig
+from finetune_api import constants
+from finetune_api.trainer_input import TrainerConfig
 from finetune_trainer.errors import UnknownModelError
 from finetune_trainer.quantization import load_dtype, quantization_config
 from finetune_trainer.templates import install_chat_template
@@ -104,7 +105,7 @@ def load_model(cfg: TrainerConfig, path: str, tokenizer: Any, *, cuda: bool, zer
     loading: Any = contextlib.nullcontext()
     # QLoRA + ZeRO-3: partition each 4-bit weight as it is quantized (zero3_loading.py);
     # FTJOB_ZERO3_4BIT_LOAD=whole: transformers' own load (the whole 4-bit model on each GPU until DeepSpeed starts)
-    if bnb is not None and zero3 and os.environ.get("FTJOB_ZERO3_4BIT_LOAD", "partitioned") != "whole":
+    if bnb is not None and zero3 and os.environ.get(constants.ENV_ZERO3_4BIT_LOAD, "partitioned") != "whole":
         from finetune_trainer.zero3_loading import partition_4bit_weights_while_loading
 
         loading = partition_4bit_weights_while_loading()

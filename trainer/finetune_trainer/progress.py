@@ -22,12 +22,10 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from finetune_operator.api.status import OutputStatus, Progress, TrainerReport
-from finetune_operator.constants import ENV_PROGRESS_TOKEN_FILE, ENV_PROGRESS_URL
+from finetune_api.constants import ENV_PROGRESS_CA_FILE, ENV_PROGRESS_TOKEN_FILE, ENV_PROGRESS_URL
+from finetune_api.v1alpha1.status import OutputStatus, Progress, TrainerReport
 
 log = logging.getLogger(__name__)
-
-ENV_PROGRESS_CA_FILE = "FTJOB_PROGRESS_CA_FILE"
 
 
 class Reporter:

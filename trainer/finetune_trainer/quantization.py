@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from finetune_trainer.config import TrainerConfig
+from finetune_api.trainer_input import TrainerConfig
 from finetune_trainer.errors import InvalidConfigError
 
 if TYPE_CHECKING:

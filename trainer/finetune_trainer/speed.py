@@ -25,6 +25,8 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
+from finetune_api import constants
+
 log = logging.getLogger(__name__)
 
 VARLEN_ATTENTION = "ftjob_varlen_sdpa"
@@ -57,7 +59,7 @@ def resolve_levers(cfg: Any, *, cuda: bool, env: dict[str, str] | None = None) -
     """
     import os
 
-    override = (env if env is not None else os.environ).get("FTJOB_SPEED")
+    override = (env if env is not None else os.environ).get(constants.ENV_SPEED)
     if override is not None:
         return parse_levers(override)
     if not cuda:

@@ -11,7 +11,7 @@ from typing import Any
 import kopf
 from aiohttp import web
 
-from finetune_operator import constants
+from finetune_api import constants
 from finetune_operator.handlers import peers, requeue
 from finetune_operator.handlers.kube import Kube
 from finetune_operator.handlers.reconciling import reconcile_job

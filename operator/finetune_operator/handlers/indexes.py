@@ -16,7 +16,7 @@ from typing import Any
 
 import kopf
 
-from finetune_operator import constants
+from finetune_api import constants
 from finetune_operator.reconcile import TEMPLATE_HASH
 from finetune_operator.status import AttemptObserved, Observed, PodObserved
 

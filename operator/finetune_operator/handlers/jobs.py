@@ -15,7 +15,7 @@ from typing import Any
 
 import kopf
 
-from finetune_operator import constants
+from finetune_api import constants
 from finetune_operator.handlers.indexes import CHILD_LABELS, key_of
 from finetune_operator.handlers.reconciling import capture_indexes, reconcile_job
 from finetune_operator.handlers.state import OperatorState, Triggers

@@ -20,7 +20,7 @@ from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.client.rest import RESTResponse
 
-from finetune_operator import constants
+from finetune_api import constants
 
 FIELD_MANAGER = "finetune-operator"
 MERGE_PATCH = "application/merge-patch+json"

@@ -13,7 +13,7 @@ from urllib.parse import urlparse
 
 import kopf
 
-from finetune_operator import constants
+from finetune_api import constants
 from finetune_operator.handlers.state import OperatorConfig
 from finetune_operator.progress.tls import ensure_pair
 

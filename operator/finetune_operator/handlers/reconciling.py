@@ -21,10 +21,10 @@ import aiohttp
 import kopf
 from pydantic import ValidationError
 
+from finetune_api.v1alpha1.errors import InvalidSpecError
+from finetune_api.v1alpha1.resource import FineTuneJob
+from finetune_api.v1alpha1.status import TERMINAL_PHASES, FineTuneJobStatus
 from finetune_operator import metrics
-from finetune_operator.api.errors import InvalidSpecError
-from finetune_operator.api.resource import FineTuneJob
-from finetune_operator.api.status import TERMINAL_PHASES, FineTuneJobStatus
 from finetune_operator.handlers import requeue
 from finetune_operator.handlers.indexes import observe
 from finetune_operator.handlers.kube import RejectedError

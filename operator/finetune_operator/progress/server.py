@@ -14,8 +14,8 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
 
+from finetune_api.v1alpha1.status import TrainerReport
 from finetune_operator import metrics
-from finetune_operator.api.status import TrainerReport
 from finetune_operator.progress.auth import Authenticator
 from finetune_operator.progress.ratelimit import RateLimiter
 

@@ -12,9 +12,10 @@ from typing import Any
 
 import yaml
 
-from finetune_operator import constants
-from finetune_operator.api.errors import InvalidSpecError
-from finetune_operator.api.resource import FineTuneJob
+from finetune_api import constants
+from finetune_api.trainer_input import TrainerConfig
+from finetune_api.v1alpha1.errors import InvalidSpecError
+from finetune_api.v1alpha1.resource import FineTuneJob
 from finetune_operator.plan import Plan, plan_job
 from finetune_operator.render import names
 from finetune_operator.render.accelerate import render_accelerate
@@ -24,7 +25,6 @@ from finetune_operator.render.topology import Topology, compute_topology
 from finetune_operator.render.trainer_config import render_trainer_config
 from finetune_operator.render.workload import render_config_map, render_job, render_service
 from finetune_operator.validation import check_job
-from finetune_trainer.config import TrainerConfig
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ ignores them in the YAML (shared/research/trainer.md 1.4), so the node command p
 
 from typing import Any
 
-from finetune_operator.api.resource import FineTuneJob
+from finetune_api.v1alpha1.resource import FineTuneJob
 from finetune_operator.plan import Plan
 from finetune_operator.render.topology import Topology
 

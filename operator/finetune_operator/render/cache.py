@@ -10,8 +10,8 @@ are shared, so callers must not mutate what they get (`reconcile` builds new dic
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from finetune_operator.api.errors import InvalidSpecError
-from finetune_operator.api.resource import FineTuneJob
+from finetune_api.v1alpha1.errors import InvalidSpecError
+from finetune_api.v1alpha1.resource import FineTuneJob
 from finetune_operator.render import Rendered, RenderOptions, render_or_errors
 
 CacheKey = tuple[str, int, tuple[tuple[str, str], ...], RenderOptions]

@@ -5,8 +5,8 @@ ignores them in its YAML (shared/research/trainer.md 1.4). The machine rank is t
 completion index, expanded by Kubernetes from `$(JOB_COMPLETION_INDEX)`.
 """
 
-from finetune_operator import constants
-from finetune_operator.api.resource import FineTuneJob
+from finetune_api import constants
+from finetune_api.v1alpha1.resource import FineTuneJob
 from finetune_operator.render.topology import Topology
 
 _TIMEOUT_KEY = {"c10d": "join_timeout", "static": "timeout"}

@@ -9,7 +9,7 @@ trainer.json can never disagree. `distributed.deepspeed.overrides` is merged las
 
 from typing import Any
 
-from finetune_operator.api.resource import FineTuneJob
+from finetune_api.v1alpha1.resource import FineTuneJob
 from finetune_operator.plan import Plan
 
 

@@ -1,7 +1,7 @@
 """Every child name, label set and DNS name of a job. One answer to "what is X called"."""
 
-from finetune_operator import constants
-from finetune_operator.api.resource import FineTuneJob
+from finetune_api import constants
+from finetune_api.v1alpha1.resource import FineTuneJob
 
 
 def config_map_name(job: FineTuneJob) -> str:

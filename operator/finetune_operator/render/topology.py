@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass
 
-from finetune_operator.api.resource import FineTuneJob
+from finetune_api.v1alpha1.resource import FineTuneJob
 
 
 @dataclass(frozen=True)

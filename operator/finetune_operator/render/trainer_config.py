@@ -1,10 +1,7 @@
-"""spec -> trainer.json (finetune_trainer.config.TrainerConfig): what the trainer process reads."""
+"""spec -> trainer.json (finetune_api.trainer_input.TrainerConfig): what the trainer process reads."""
 
-from finetune_operator import constants
-from finetune_operator.api.resource import FineTuneJob
-from finetune_operator.plan import Plan
-from finetune_operator.render.topology import Topology
-from finetune_trainer.config import (
+from finetune_api import constants
+from finetune_api.trainer_input import (
     DataConfig,
     DistributedConfig,
     Dtype,
@@ -17,6 +14,9 @@ from finetune_trainer.config import (
     TrainerConfig,
     TrainingConfig,
 )
+from finetune_api.v1alpha1.resource import FineTuneJob
+from finetune_operator.plan import Plan
+from finetune_operator.render.topology import Topology
 
 _DTYPE_OF_PRECISION: dict[str, Dtype] = {"bf16": "bfloat16", "fp16": "float16", "no": "float32"}
 

@@ -6,8 +6,8 @@ the job-name label; the Job and its pods also carry the attempt label.
 
 from typing import Any
 
-from finetune_operator import constants
-from finetune_operator.api.resource import FineTuneJob
+from finetune_api import constants
+from finetune_api.v1alpha1.resource import FineTuneJob
 from finetune_operator.render import names
 from finetune_operator.render.topology import Topology
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from finetune_operator.api.resource import FineTuneJob
+from finetune_api.v1alpha1.resource import FineTuneJob
 from finetune_operator.render import RenderOptions, render_all
 
 from ..conftest import Cluster, wait_until

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from finetune_operator.api.status import Progress, TrainerReport
+from finetune_api.v1alpha1.status import Progress, TrainerReport
 
 from ..conftest import Cluster, wait_until
 from .conftest import Operator, apply, ftj, get, items, status, wait_phase

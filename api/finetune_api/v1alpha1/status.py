@@ -5,7 +5,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from finetune_operator.api.base import ApiModel
+from finetune_api.v1alpha1.base import ApiModel
 
 Phase = Literal["Pending", "Running", "Restarting", "Succeeded", "Failed", "Suspended"]
 ConditionType = Literal["Created", "Running", "Restarting", "Succeeded", "Failed", "Suspended"]

@@ -3,6 +3,10 @@
 Label keys, mount paths, ports, environment variable names and trainer exit codes live here so
 that "where is X set" has one answer, and so the reserved-names set used to inject values is the
 same one used to reject user env vars that would collide with them.
+
+Every `FTJOB_*` environment variable the product reads is defined here and nowhere else (a test
+fails on an `"FTJOB_` string literal in any other module of the three packages), each with a
+docstring saying who reads it and what it does.
 """
 
 from typing import Final
@@ -38,12 +42,19 @@ PROGRESS_CA_FILE: Final = "progress-ca.crt"  # in the job's ConfigMap when the o
 
 # Environment given to the trainer container (reserved: users may not set these in template.env).
 ENV_HF_TOKEN: Final = "HF_TOKEN"
+"""The Hub token, from the job's Secret reference (`secretKeyRef`); never written to a file or status."""
 ENV_JOB_NAME: Final = "FTJOB_NAME"
+"""The FineTuneJob's name, for the model card and the progress report."""
 ENV_JOB_NAMESPACE: Final = "FTJOB_NAMESPACE"
+"""The FineTuneJob's namespace."""
 ENV_ATTEMPT: Final = "FTJOB_ATTEMPT"
+"""The attempt (1-based) this pod belongs to; the progress endpoint ignores reports from older attempts."""
 ENV_PROGRESS_URL: Final = "FTJOB_PROGRESS_URL"
+"""The operator's progress endpoint (`https://.../progress/<ns>/<job>`); unset: the trainer reports nothing."""
 ENV_PROGRESS_TOKEN_FILE: Final = "FTJOB_PROGRESS_TOKEN_FILE"
+"""The projected ServiceAccount token the trainer presents; re-read on every POST (it rotates)."""
 ENV_PROGRESS_CA_FILE: Final = "FTJOB_PROGRESS_CA_FILE"
+"""The CA bundle that verifies the progress endpoint; unset: the system trust store."""
 ENV_COMPLETION_INDEX: Final = "JOB_COMPLETION_INDEX"
 RESERVED_ENV_NAMES: Final = frozenset(
     {
@@ -82,3 +93,16 @@ EXIT_INVALID_CONFIG: Final = 64  # EX_USAGE: trainer.json does not validate
 EXIT_BAD_DATASET: Final = 65  # EX_DATAERR: missing text field, empty split, unreadable file
 EXIT_UNKNOWN_MODEL: Final = 66  # EX_NOINPUT: model id or path that does not exist
 EXIT_PERMANENT_CODES: Final = frozenset({EXIT_INVALID_CONFIG, EXIT_BAD_DATASET, EXIT_UNKNOWN_MODEL})
+
+
+# Knobs read from the environment by the trainer and the CLI (not injected by the operator).
+ENV_CACHE: Final = "FTJOB_CACHE"
+"""Cache root for built-in tiny models, datasets and tokenizers (default `~/.cache/finetune-operator`)."""
+ENV_SPEED: Final = "FTJOB_SPEED"
+"""Overrides the speed levers the trainer picks itself: `none`, or a comma list such as `varlen,liger`."""
+ENV_ZERO3_4BIT_LOAD: Final = "FTJOB_ZERO3_4BIT_LOAD"
+"""QLoRA + ZeRO-3 load: `partitioned` (default: each 4-bit weight is partitioned as it is quantized) or `whole`."""
+ENV_EXIT_FILE: Final = "FTJOB_EXIT_FILE"
+"""Where a worker that fails permanently writes its termination record, for the launcher around it."""
+ENV_TERMINATION_LOG: Final = "FTJOB_TERMINATION_LOG"
+"""The container's termination-message file (default `/dev/termination-log`); set by local runs and tests."""

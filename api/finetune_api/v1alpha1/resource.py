@@ -4,10 +4,10 @@ from typing import Any, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from finetune_operator import constants
-from finetune_operator.api.errors import InvalidSpecError
-from finetune_operator.api.spec import FineTuneJobSpec
-from finetune_operator.api.status import FineTuneJobStatus
+from finetune_api import constants
+from finetune_api.v1alpha1.errors import InvalidSpecError
+from finetune_api.v1alpha1.spec import FineTuneJobSpec
+from finetune_api.v1alpha1.status import FineTuneJobStatus
 
 
 class ObjectMeta(BaseModel):

@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, WithJsonSchema
 
-from finetune_operator.api.base import ApiModel, cel, with_cel_rules
+from finetune_api.v1alpha1.base import ApiModel, cel, with_cel_rules
 
 Dtype = Literal["bfloat16", "float16", "float32"]
 OffloadDevice = Literal["none", "cpu", "nvme"]
