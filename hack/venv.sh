@@ -8,6 +8,10 @@ venv="${FTJOB_VENV:-$cache/venv}"
 extras="${FTJOB_EXTRAS:-trainer,dev}"
 python="${PYTHON:-python3}"
 stamp="$venv/.ftjob-installed-$(sha256sum pyproject.toml | cut -c1-16)-${extras//,/-}"
+# One installer at a time: make targets run in parallel (and several checkouts share the venv).
+mkdir -p "$(dirname "$venv")"
+exec 9>"$venv.lock"
+flock 9
 if [ ! -x "$venv/bin/python" ]; then
   echo "venv.sh: creating $venv" >&2
   "$python" -m venv "$venv"
