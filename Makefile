@@ -38,14 +38,16 @@ run: ## train the tiny example on this machine: ftjob run examples/tiny-cpu.yaml
 test: cluster-build ## everything CI runs: lint, unit, trainer (CPU) and control-plane tests
 	$(VENV)/bin/ruff check api operator trainer tests
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy api operator trainer
 	PATH="$(VENV)/bin:$$PATH" $(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
 test-unit: ## fast tests only (no cluster, no training)
 	$(VENV)/bin/python -m pytest tests/unit $(PYTEST_ARGS)
 
-lint: ## ruff + import-linter layer contracts
+lint: ## ruff + import-linter layer contracts + mypy --strict (pyproject's [tool.mypy])
 	$(VENV)/bin/ruff check api operator trainer tests
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy api operator trainer
 
 crd: ## regenerate crds/finetunejob.yaml from the API models
 	$(VENV)/bin/ftjob crd --out crds/finetunejob.yaml

@@ -69,7 +69,7 @@ def partition_4bit_weights_while_loading() -> Iterator[dict[str, int]]:
             first[0].convert_to_zero_parameters(param_list=params)
         else:
             # DeepSpeed's own "partition an already-allocated module" (what deepspeed.initialize does to the model)
-            deepspeed.zero.Init(module=module, config_dict_or_path=deepspeed_config())
+            deepspeed.zero.Init(module=module, config_dict_or_path=deepspeed_config())  # type: ignore[no-untyped-call]
             first.append(weight)
         stats["partitioned"] += 1
         stats["elements"] += elements

@@ -18,7 +18,6 @@ import aiohttp
 import kopf
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
-from kubernetes_asyncio.client.rest import RESTResponse
 
 from finetune_api import constants
 
@@ -71,8 +70,9 @@ async def _send(call: Any, *args: Any, **kwargs: Any) -> None:
     finally:
         response.release()
     if not 200 <= response.status <= 299:
-        exc = ApiException(http_resp=RESTResponse(response, data))
+        exc = ApiException(status=response.status, reason=response.reason)
         exc.body = data.decode("utf-8", "replace")
+        exc.headers = response.headers
         raise exc
 
 
