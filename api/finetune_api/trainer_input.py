@@ -6,9 +6,18 @@ This module imports only pydantic: the operator (no torch) builds it, the traine
 Defaults that differ from TRL's `SFTConfig`: `gradient_checkpointing` stays as the spec says (TRL: True),
 `bf16` follows `mixed_precision` (TRL: True unless fp16), `learning_rate` 1e-4 (TRL: 2e-5),
 `logging_steps` 5 (TRL: 10), `save_total_limit` 2 (transformers: unlimited).
+
+Versioning. The file carries `schemaVersion` (`MAJOR.MINOR`) because the operator and the trainer image are
+upgraded separately (users build their own trainer images): an operator one minor version ahead adds fields an
+older trainer does not know, and that must not fail the job. `read_trainer_input` therefore drops fields it does
+not know when the file's minor version is newer than its own (and says which, once), and refuses a different
+major version with a message naming both. Within one version, unknown fields are still an error: they are typos.
+Adding a field is a minor bump; renaming, removing or changing the meaning of one is a major bump.
 """
 
-from typing import Literal
+import types
+import typing
+from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -127,9 +136,16 @@ class JobInfo(_Config):
     namespace: str = "default"
 
 
+SCHEMA_VERSION: Final = "1.0"
+"""The layout this package writes and reads; a trainer.json without `schemaVersion` is 1.0."""
+
+
 class TrainerConfig(_Config):
     """The whole of trainer.json."""
 
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, serialize_by_alias=True)
+
+    schema_version: str = Field(default=SCHEMA_VERSION, alias="schemaVersion", pattern=r"^[0-9]+\.[0-9]+$")
     job: JobInfo
     model: ModelConfig
     data: DataConfig
@@ -137,3 +153,58 @@ class TrainerConfig(_Config):
     training: TrainingConfig = Field(default_factory=TrainingConfig)
     output: OutputConfig = Field(default_factory=OutputConfig)
     distributed: DistributedConfig = Field(default_factory=DistributedConfig)
+
+
+class SchemaVersionError(ValueError):
+    """trainer.json was written for an incompatible (different major) layout."""
+
+
+def _version(text: str) -> tuple[int, int]:
+    major, _, minor = text.partition(".")
+    if not (major.isdigit() and minor.isdigit()):
+        raise SchemaVersionError(f"schemaVersion {text!r} is not MAJOR.MINOR")
+    return int(major), int(minor)
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model a field holds (`M`, `M | None`), or None for plain values."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        models = [m for m in map(_model_in, typing.get_args(annotation)) if m is not None]
+        return models[0] if len(models) == 1 else None
+    return None
+
+
+def _drop_unknown(model: type[BaseModel], data: Any, path: str, dropped: list[str]) -> Any:
+    """`data` without the keys `model` (recursively) does not know; their dotted paths go to `dropped`."""
+    if not isinstance(data, dict):
+        return data
+    fields = {(f.alias or name): f for name, f in model.model_fields.items()} | dict(model.model_fields)
+    kept: dict[str, Any] = {}
+    for key, value in data.items():
+        field = fields.get(key)
+        if field is None:
+            dropped.append(path + key)
+            continue
+        inner = _model_in(field.annotation)
+        kept[key] = _drop_unknown(inner, value, f"{path}{key}.", dropped) if inner else value
+    return kept
+
+
+def read_trainer_input(raw: Any) -> tuple[TrainerConfig, list[str]]:
+    """Validate a parsed trainer.json: the config, and the fields dropped because a newer minor version wrote them.
+
+    Raises `SchemaVersionError` for another major version, pydantic's `ValidationError` for anything else wrong.
+    """
+    written = raw.get("schemaVersion", "1.0") if isinstance(raw, dict) else SCHEMA_VERSION
+    (major, minor), (ours_major, ours_minor) = _version(str(written)), _version(SCHEMA_VERSION)
+    if major != ours_major:
+        raise SchemaVersionError(
+            f"trainer.json has schemaVersion {written}, this trainer reads {SCHEMA_VERSION} "
+            f"(major versions differ): use a trainer image that matches the operator"
+        )
+    dropped: list[str] = []
+    if minor > ours_minor:
+        raw = _drop_unknown(TrainerConfig, raw, "", dropped)
+    return TrainerConfig.model_validate(raw), dropped
