@@ -60,13 +60,38 @@ def check_model_exists(cfg: TrainerConfig, path: str) -> Any:
         raise
 
 
+FLASH_ATTN_FIX = (
+    "use a trainer image built from the Dockerfile's trainer-flash-attn target (make images FTJOB_FLASH_ATTN=1)"
+)
+
+
+def flash_attn_problem(*, cuda: bool) -> str | None:
+    """Why flash_attention_2 cannot run here (no CUDA device, flash_attn missing or not importable), or None.
+
+    Asked before the model loads: transformers would otherwise fail inside from_pretrained, as an ordinary
+    (retryable) error. The default trainer image has no flash_attn (it is compiled only in trainer-flash-attn).
+    """
+    if not cuda:
+        return "no CUDA device"
+    if importlib.util.find_spec("flash_attn") is None:
+        return f"the flash_attn package is not installed in this image; {FLASH_ATTN_FIX}"
+    try:
+        importlib.import_module("flash_attn")
+    except (ImportError, OSError) as e:  # an extension built for another torch/CUDA: undefined symbols
+        first_line = (str(e).splitlines() or [type(e).__name__])[0]
+        return f"flash_attn does not import ({first_line}); {FLASH_ATTN_FIX}"
+    return None
+
+
 def attn_implementation(cfg: TrainerConfig, *, cuda: bool) -> str:
-    """The requested attention, or sdpa with one clear line when flash-attn cannot run here."""
+    """The requested attention, or sdpa with one clear line when flash-attn cannot run here (the documented
+    fallback of model.attnImplementation; packed batches on CUDA still get torch's varlen flash kernel, speed.py)."""
     want = cfg.model.attn_implementation
-    if want == "flash_attention_2" and (not cuda or importlib.util.find_spec("flash_attn") is None):
-        why = "no CUDA device" if not cuda else "the flash_attn package is not installed"
-        log.warning("model.attnImplementation flash_attention_2 unavailable (%s); using sdpa", why)
-        return "sdpa"
+    if want == "flash_attention_2":
+        problem = flash_attn_problem(cuda=cuda)
+        if problem is not None:
+            log.warning("model.attnImplementation flash_attention_2 unavailable (%s); using sdpa", problem)
+            return "sdpa"
     return want
 
 
