@@ -8,14 +8,20 @@ I/O or import kopf or a Kubernetes client; `handlers` applies the actions.
 
 Order matters for crash safety: the next attempt's Job is created before the failed one is
 deleted, so the highest attempt seen on the cluster is always the current one.
+
+Ownership: children have fixed names (`<job>-config`, `<job>`, `<job>-<attempt>`), so the name may
+already be taken by an object that is not this job's. The handlers never take such an object over:
+a child is created with a plain create, and only an object whose controlling owner is this job's uid
+(`claim`) is ever updated, deleted or suspended, each write carrying that object's uid as a
+precondition. Anything else is a `NameConflict` that fails the job and touches nothing.
 """
 
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 
 from finetune_api import constants
 from finetune_api.v1alpha1.errors import InvalidSpecError
@@ -33,6 +39,9 @@ from finetune_operator.status import (
 )
 
 TEMPLATE_HASH = f"{constants.GROUP}/template-hash"
+Claim = Literal["ours", "namesake", "foreign"]
+NAMESAKE_WAIT_SECONDS = (1.0, 30.0)
+"""A deleted namesake's leftover is looked at again after 1 s, up to 30 s while a finalizer holds it."""
 Renderer = Callable[[FineTuneJob, RenderOptions], Rendered | InvalidSpecError]
 """`render_or_errors`, or a memo of it (the operator's `RenderCache`)."""
 
@@ -43,17 +52,25 @@ class Actions:
 
     status: FineTuneJobStatus
     transitions: list[Transition]
-    apply: list[dict[str, Any]] = field(default_factory=list)  # server-side apply (ConfigMap, Service)
+    apply: list[dict[str, Any]] = field(default_factory=list)
+    """ConfigMap and Service: created when they carry no `metadata.uid`; with one, they are already this
+    job's and are updated (server-side apply without force, the uid a precondition)."""
     create: list[dict[str, Any]] = field(default_factory=list)  # create if absent (attempt Jobs)
     delete_jobs: list[str] = field(default_factory=list)
     suspend_jobs: dict[str, bool] = field(default_factory=dict)
+    job_uids: dict[str, str] = field(default_factory=dict)
+    """The uid of each observed attempt Job (all this job's), by name: deletes and suspends carry it."""
     requeue_after: float | None = None
     delete_self: bool = False
     invalid: bool = False
 
 
-def owned(obj: dict[str, Any], job: FineTuneJob) -> dict[str, Any]:
-    """The child with the job as its controlling owner, so deleting the job deletes it (GC)."""
+def owned(obj: dict[str, Any], job: FineTuneJob, uid: str | None = None) -> dict[str, Any]:
+    """The child with the job as its controlling owner, so deleting the job deletes it (GC).
+
+    `uid`: the child already exists as this job's (observed); the update then names it by uid.
+    """
+    meta = {**obj["metadata"], "uid": uid} if uid else obj["metadata"]
     ref = {
         "apiVersion": job.api_version,
         "kind": job.kind,
@@ -62,7 +79,53 @@ def owned(obj: dict[str, Any], job: FineTuneJob) -> dict[str, Any]:
         "controller": True,
         "blockOwnerDeletion": True,
     }
-    return {**obj, "metadata": {**obj["metadata"], "ownerReferences": [ref]}}
+    return {**obj, "metadata": {**meta, "ownerReferences": [ref]}}
+
+
+def controller_ref(meta: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The controlling owner reference of an object, if any (at most one may say `controller: true`)."""
+    return next((ref for ref in meta.get("ownerReferences") or [] if ref.get("controller")), None)
+
+
+def claim(meta: Mapping[str, Any], job: FineTuneJob) -> Claim:
+    """Whose an object found under one of the job's child names is.
+
+    `ours`: controlled by this job (its uid): update it. `namesake`: controlled by a FineTuneJob of the
+    same name but another uid, i.e. by a deleted job of this name (only one can exist at a time): the
+    garbage collector is removing it, so wait. `foreign`: anything else, also an object with no owner:
+    never touched.
+    """
+    ref = controller_ref(meta)
+    if ref is None:
+        return "foreign"
+    if job.metadata.uid and ref.get("uid") == job.metadata.uid:
+        return "ours"
+    if (ref.get("apiVersion"), ref.get("kind"), ref.get("name")) == (job.api_version, job.kind, job.name):
+        return "namesake"
+    return "foreign"
+
+
+def holder(meta: Mapping[str, Any]) -> str:
+    """Who controls an object, in words (for the NameConflict message)."""
+    ref = controller_ref(meta)
+    if ref is None:
+        return "it has no controlling owner"
+    return f"it is controlled by {ref.get('kind')} {ref.get('name')}"
+
+
+def namesake_wait(meta: Mapping[str, Any], now: datetime) -> float:
+    """When to look again at a deleted namesake's leftover: in a second while the garbage collector has
+    yet to delete it, less and less often once it is deleted but held by a finalizer (at most every 30 s)."""
+    low, high = NAMESAKE_WAIT_SECONDS
+    since = meta.get("deletionTimestamp")
+    if not since:
+        return low
+    age = (now - datetime.fromisoformat(str(since))).total_seconds()
+    return min(max(low, age / 10), high)
+
+
+def _job_uids(observed: Observed) -> dict[str, str]:
+    return {a.name: a.uid for a in observed.attempts.values() if a.uid}
 
 
 def _seconds(delta: timedelta) -> float:
@@ -91,6 +154,7 @@ def _terminal(job: FineTuneJob, observed: Observed, result: StatusResult, now: d
         status=status,
         transitions=result.transitions,
         delete_jobs=running,
+        job_uids=_job_uids(observed),
         requeue_after=requeue,
         delete_self=delete_self,
         invalid=result.invalid,
@@ -150,7 +214,7 @@ def reconcile(
         raise RuntimeError(f"{job.name}: no rendering for an active job")
     apply = []
     if observed.config_map != rendered.config_map["data"]:
-        apply.append(owned(rendered.config_map, job))
+        apply.append(owned(rendered.config_map, job, observed.config_map_uid))
     if not observed.service:
         apply.append(owned(rendered.service, job))
     current = observed.attempts.get(attempt)
@@ -186,5 +250,6 @@ def reconcile(
         create=create,
         delete_jobs=stale,
         suspend_jobs=suspend,
+        job_uids=_job_uids(observed),
         requeue_after=requeue,
     )

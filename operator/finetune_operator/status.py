@@ -11,7 +11,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 
 from finetune_api import constants
 from finetune_api.v1alpha1.errors import InvalidSpecError
@@ -29,6 +29,7 @@ SIGTERM_EXIT = 143
 STUCK_AFTER = timedelta(seconds=TERMINATION_GRACE_SECONDS + 60)
 _EXIT_CODE_RE = re.compile(r"exit code (\d+)")
 _NODE_LOST_REASONS = frozenset({"NodeLost", "Evicted", "DeletionByTaintManager", "TerminationByKubelet"})
+ConflictReason = Literal["NameConflict", "FieldConflict"]
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,7 @@ class AttemptObserved:
     template_hash: str | None = None
     failing_since: datetime | None = None  # the Job's FailureTarget: failed, pods still terminating
     pods: tuple[PodObserved, ...] = ()
+    uid: str | None = None  # the Job's own uid: every delete or patch of it carries it as a precondition
 
     @property
     def ready(self) -> int:
@@ -77,6 +79,7 @@ class Observed:
 
     attempts: dict[int, AttemptObserved] = field(default_factory=dict)
     config_map: dict[str, str] | None = None
+    config_map_uid: str | None = None  # an update of the ConfigMap carries it as a precondition
     service: bool = False
 
 
@@ -312,6 +315,44 @@ def compute_status(
         }
     )
     return StatusResult(status, _transitions(prev, v), reason=v.reason)
+
+
+def child_conflict(job: FineTuneJob, attempt: int, reason: ConflictReason, message: str, now: datetime) -> StatusResult:
+    """Failed with `NameConflict` or `FieldConflict`: an object the job would write is not (only) its own.
+
+    Final like `InvalidSpec`: retrying would only ask the API server the same question again, and the
+    operator never takes the object over. The message says what to do (`name_conflict_message`)."""
+    prev = job.status
+    v = _Verdict("Failed", reason, message[:32768], max(attempt, prev.attempt, 1))
+    status = prev.model_copy(
+        update={
+            "phase": "Failed",
+            "conditions": _conditions(prev, v, False, now),
+            "attempt": v.attempt,
+            "observed_generation": job.metadata.generation,
+            "completion_time": now,
+            "ready_nodes": 0,
+            "message": v.message,
+        }
+    )
+    return StatusResult(status, [Transition("Warning", reason, v.message)], reason=reason)
+
+
+def name_conflict_message(kind: str, name: str, holder: str) -> str:
+    """Which object is in the way, whose it is, and what to do."""
+    return (
+        f"{kind} {name} already exists and is not this job's ({holder}); the operator leaves it untouched: "
+        f"delete this FineTuneJob and create it again under another name (or remove {kind} {name} first)"
+    )
+
+
+def field_conflict_message(kind: str, name: str, detail: str) -> str:
+    """Fields of the job's own child that another field manager set to other values."""
+    return (
+        f"{kind} {name} belongs to this job, but another field manager holds fields the operator must "
+        f"change ({detail}); the operator does not overwrite them: delete {kind} {name} and this "
+        "FineTuneJob, then create the job again"
+    )
 
 
 def _start_time(

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from finetune_operator.handlers.kube import Created
 from finetune_operator.handlers.reconciling import _apply
 
 
@@ -16,33 +17,34 @@ class FakeKube:
         self.calls: list[str] = []
         self.fail_apply = fail_apply
 
-    async def apply(self, obj: dict[str, Any]) -> None:
-        await asyncio.sleep(0.01)
-        if self.fail_apply:
-            raise ConnectionResetError("operator killed / connection dropped")
-        self.calls.append(f"apply {obj['kind']}")
-
-    async def create_job(self, obj: dict[str, Any]) -> bool:
-        self.calls.append(f"create {obj['metadata']['name']}")
-        return True
+    async def create(self, obj: dict[str, Any]) -> Created:
+        if obj["kind"] == "Job":
+            self.calls.append(f"create {obj['metadata']['name']}")
+        else:
+            await asyncio.sleep(0.01)
+            if self.fail_apply:
+                raise ConnectionResetError("operator killed / connection dropped")
+            self.calls.append(f"apply {obj['kind']}")
+        return Created(obj["kind"], "ns", obj["metadata"]["name"], b"{}")
 
 
 def _actions() -> Any:
     return SimpleNamespace(
         apply=[
-            {"kind": "ConfigMap", "metadata": {"name": "demo-config"}},
-            {"kind": "Service", "metadata": {"name": "demo"}},
+            {"kind": "ConfigMap", "metadata": {"name": "demo-config", "namespace": "ns"}},
+            {"kind": "Service", "metadata": {"name": "demo", "namespace": "ns"}},
         ],
         create=[{"kind": "Job", "metadata": {"name": "demo-1"}}],
         delete_jobs=[],
         suspend_jobs={},
+        job_uids={},
         status=SimpleNamespace(attempt=2),
     )
 
 
 def test_the_job_is_created_after_its_configmap_and_service() -> None:
     kube = FakeKube()
-    asyncio.run(_apply(SimpleNamespace(kube=kube), SimpleNamespace(namespace="ns", name="demo"), _actions()))
+    asyncio.run(_apply(SimpleNamespace(kube=kube), SimpleNamespace(namespace="ns", name="demo"), _actions(), []))
     assert kube.calls[-1] == "create demo-1"
     assert sorted(kube.calls[:2]) == ["apply ConfigMap", "apply Service"]
 
@@ -50,5 +52,5 @@ def test_the_job_is_created_after_its_configmap_and_service() -> None:
 def test_no_job_is_created_when_an_apply_fails() -> None:
     kube = FakeKube(fail_apply=True)
     with pytest.raises(ConnectionResetError):
-        asyncio.run(_apply(SimpleNamespace(kube=kube), SimpleNamespace(namespace="ns", name="demo"), _actions()))
+        asyncio.run(_apply(SimpleNamespace(kube=kube), SimpleNamespace(namespace="ns", name="demo"), _actions(), []))
     assert kube.calls == []

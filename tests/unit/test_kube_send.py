@@ -1,15 +1,14 @@
 """kube._send: answers are read and released but not decoded, and an HTTP error still raises the ApiException the
-callers map (409 on create = exists, 404 on delete = gone, 400/422 = the spec, the rest = retry)."""
+callers map (how `Kube.create` maps them: tests/unit/test_ownership_kube.py)."""
 
 import asyncio
 import json
 from typing import Any
 
-import kopf
 import pytest
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from finetune_operator.handlers.kube import Kube, RejectedError, _send
+from finetune_operator.handlers.kube import _send
 
 
 class FakeResponse:
@@ -44,30 +43,3 @@ def test_an_error_raises_with_status_and_readable_body() -> None:
         asyncio.run(_send(_call(response, {})))
     assert response.released and raised.value.status == 422
     assert "Unsupported value" in json.loads(raised.value.body)["message"]
-
-
-class FakeBatch:
-    def __init__(self, status: int) -> None:
-        self.status = status
-
-    async def create_namespaced_job(self, *args: Any, **kwargs: Any) -> FakeResponse:
-        return FakeResponse(self.status, {"message": "tolerations: Unsupported value"})
-
-
-def _create(status: int) -> bool:
-    class OneAnswerKube(Kube):
-        @property
-        def batch(self) -> Any:
-            return FakeBatch(status)
-
-    kube = OneAnswerKube(api=None)  # type: ignore[arg-type]
-    return asyncio.run(kube.create_job({"metadata": {"name": "demo-1", "namespace": "ns"}}))
-
-
-def test_create_job_maps_the_answers() -> None:
-    assert _create(201) is True
-    assert _create(409) is False  # already there: idempotent
-    with pytest.raises(RejectedError, match="tolerations: Unsupported value"):
-        _create(422)
-    with pytest.raises(kopf.TemporaryError):
-        _create(503)

@@ -130,9 +130,14 @@ def observe(
     for job in mine:
         value: AttemptObserved = job.value
         pods_of = tuple(sorted(by_job.get(job.uid, []), key=lambda p: p.name))
-        attempts[value.attempt] = AttemptObserved(**{**value.__dict__, "pods": pods_of})
-    config_map = next((c.value for c in config_maps if c.owner_uid == uid), None)
-    return Observed(attempts=attempts, config_map=config_map, service=any(s.owner_uid == uid for s in services))
+        attempts[value.attempt] = AttemptObserved(**{**value.__dict__, "pods": pods_of, "uid": job.uid})
+    config_map = next((c for c in config_maps if c.owner_uid == uid), None)
+    return Observed(
+        attempts=attempts,
+        config_map=config_map.value if config_map else None,
+        config_map_uid=config_map.uid if config_map else None,
+        service=any(s.owner_uid == uid for s in services),
+    )
 
 
 @kopf.index("batch", "v1", "jobs", labels=CHILD_LABELS)

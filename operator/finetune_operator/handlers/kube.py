@@ -1,15 +1,18 @@
 """The only module that talks to the Kubernetes API server (besides kopf's own watches).
 
-A thin async client over `kubernetes_asyncio`: server-side apply, create-if-absent, delete,
-suspend, status patch, events, TokenReview and pod lookup. It tolerates the answers that mean
-"already done" (409 on create, 404 on delete) so every call is idempotent, and turns conflicts,
-throttling and server errors into `kopf.TemporaryError` so kopf retries them. It makes no
-decisions; it never logs object bodies, tokens or env.
+A thin async client over `kubernetes_asyncio`: create, server-side apply, delete, suspend, status
+patch, events, TokenReview and pod lookup. Children are created with a plain create; a 409 answers
+with the existing object's metadata (`Existing`) so the caller can check whose it is before anything
+else happens, and every later write or delete of a child names it by uid (a precondition), so it can
+never land on another object of that name. Server-side apply never forces a field another manager
+holds (`FieldConflictError`). Throttling and server errors become `kopf.TemporaryError` so kopf
+retries them. It makes no decisions; it never logs object bodies, tokens or env.
 """
 
 import json
 import logging
 import os
+import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -25,12 +28,53 @@ FIELD_MANAGER = "finetune-operator"
 MERGE_PATCH = "application/merge-patch+json"
 APPLY_PATCH = "application/apply-patch+yaml"
 RETRYABLE = frozenset({409, 429, 500, 502, 503, 504})
+# A server-side apply conflict names each other manager so: `conflict with "kubectl-edit" using v1: .data.x`.
+_CONFLICT_MANAGER = re.compile(r'conflict with "([^"]*)"')
 PROXY_ENV = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
 log = logging.getLogger(__name__)
 
 
 class RejectedError(Exception):
-    """The API server refused a child as invalid (400/422): retrying the same spec cannot help."""
+    """The API server refused a child (400/422 invalid; 403 forbidden, e.g. by the chart's admission policy):
+    retrying the same spec cannot help."""
+
+
+REJECTED = frozenset({400, 403, 422})
+
+
+class FieldConflictError(Exception):
+    """Server-side apply found fields of a child that another field manager holds with other values."""
+
+    def __init__(self, kind: str, name: str, detail: str) -> None:
+        super().__init__(f"{kind} {name}: {detail}")
+        self.kind, self.name, self.detail = kind, name, detail
+
+
+@dataclass(frozen=True)
+class Created:
+    """A child this call created: enough to take it back (a delete with its uid as the precondition).
+
+    The create's answer is kept as bytes and decoded only if the uid is asked for (a rollback): on the
+    common path nobody reads it (see `_send`).
+    """
+
+    kind: str
+    namespace: str
+    name: str
+    answer: bytes
+
+    @property
+    def uid(self) -> str:
+        return str(json.loads(self.answer)["metadata"]["uid"])
+
+
+@dataclass(frozen=True)
+class Existing:
+    """A create found the name taken (409): the metadata of the object that holds it, for `claim`."""
+
+    kind: str
+    name: str
+    meta: dict[str, Any]
 
 
 def _rejected(exc: ApiException, what: str) -> RejectedError:
@@ -60,10 +104,10 @@ def _skip_env_lookups(api: client.ApiClient) -> None:
     rest.pool_manager = aiohttp.ClientSession(connector=connector, trust_env=False, read_bufsize=2**21)
 
 
-async def _send(call: Any, *args: Any, **kwargs: Any) -> None:
-    """Call an API method whose answer is not used, without turning the answer into client models
-    (kubernetes_asyncio's deserialization was 8% of the operator's CPU in a burst); errors still raise
-    `ApiException`, as with the default call."""
+async def _answer(call: Any, *args: Any, **kwargs: Any) -> bytes:
+    """Call an API method and return its answer undecoded: kubernetes_asyncio's deserialization into client
+    models was 8% of the operator's CPU in a burst. Errors still raise `ApiException`, as with the default
+    call, with a readable body."""
     response = await call(*args, _preload_content=False, **kwargs)
     try:
         data = await response.read()  # read to the end, so the connection goes back to the pool
@@ -74,6 +118,29 @@ async def _send(call: Any, *args: Any, **kwargs: Any) -> None:
         exc.body = data.decode("utf-8", "replace")
         exc.headers = response.headers
         raise exc
+    answer: bytes = data
+    return answer
+
+
+async def _send(call: Any, *args: Any, **kwargs: Any) -> None:
+    """Call an API method whose answer is not used (read and released, never decoded)."""
+    await _answer(call, *args, **kwargs)
+
+
+def _conflicting_managers(exc: ApiException) -> set[str]:
+    """The other field managers a server-side apply conflict names (empty when it names none)."""
+    try:
+        causes = (json.loads(exc.body or "{}").get("details") or {}).get("causes") or []
+    except (ValueError, AttributeError):
+        return set()
+    return {m for cause in causes for m in _CONFLICT_MANAGER.findall(str(cause.get("message", "")))}
+
+
+def _conflict_detail(exc: ApiException) -> str:
+    try:
+        return str(json.loads(exc.body or "{}").get("message") or exc.reason)
+    except (ValueError, AttributeError):
+        return str(exc.reason)
 
 
 @dataclass
@@ -109,6 +176,28 @@ class Kube:
     @property
     def custom(self) -> Any:
         return client.CustomObjectsApi(self.api)
+
+    def _calls(self, kind: str) -> tuple[Any, Any, Any, Any]:
+        """(create, read, patch, delete) of a child kind: Job, ConfigMap or Service."""
+        if kind == "Job":
+            b = self.batch
+            return b.create_namespaced_job, b.read_namespaced_job, b.patch_namespaced_job, b.delete_namespaced_job
+        c = self.core
+        if kind == "ConfigMap":
+            return (
+                c.create_namespaced_config_map,
+                c.read_namespaced_config_map,
+                c.patch_namespaced_config_map,
+                c.delete_namespaced_config_map,
+            )
+        if kind == "Service":
+            return (
+                c.create_namespaced_service,
+                c.read_namespaced_service,
+                c.patch_namespaced_service,
+                c.delete_namespaced_service,
+            )
+        raise ValueError(f"not a child kind: {kind}")
 
     async def get_finetunejob(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The job as it is now (not a cached copy), or None when it is gone."""
@@ -153,48 +242,90 @@ class Kube:
             if exc.status not in (404, 409):
                 raise _retry(exc, f"delete {namespace}/{name}") from None
 
-    async def apply(self, obj: dict[str, Any]) -> None:
-        """Server-side apply a ConfigMap or Service with our field manager (create or update)."""
-        meta = obj["metadata"]
-        core = self.core
-        call = core.patch_namespaced_config_map if obj["kind"] == "ConfigMap" else core.patch_namespaced_service
-        try:
-            await _send(
-                call,
-                meta["name"],
-                meta["namespace"],
-                obj,
-                field_manager=FIELD_MANAGER,
-                force=True,
-                _content_type=APPLY_PATCH,
-            )
-        except ApiException as exc:
-            if exc.status in (400, 422):
-                raise _rejected(exc, f"{obj['kind']} {meta['name']}") from None
-            raise _retry(exc, f"apply {obj['kind']} {meta['name']}") from None
+    async def create(self, obj: dict[str, Any]) -> Created | Existing:
+        """Create a child (Job, ConfigMap or Service) with a plain create, never touching an existing one.
 
-    async def create_job(self, obj: dict[str, Any]) -> bool:
-        """Create an attempt's Job unless it exists; True when this call created it."""
-        meta = obj["metadata"]
+        `Created` when this call made it; `Existing` with the metadata of the object that already holds
+        the name (whoever's it is: the caller decides with `claim`).
+        """
+        kind, meta = obj["kind"], obj["metadata"]
+        create, read, _, _ = self._calls(kind)
         try:
-            await _send(self.batch.create_namespaced_job, meta["namespace"], obj, field_manager=FIELD_MANAGER)
+            answer = await _answer(create, meta["namespace"], obj, field_manager=FIELD_MANAGER)
         except ApiException as exc:
             if exc.status == 409:
-                return False
-            if exc.status in (400, 422):
-                raise _rejected(exc, f"Job {meta['name']}") from None
+                existing = await self._metadata(read, kind, meta["namespace"], meta["name"])
+                if existing is None:  # deleted in between: try again
+                    raise _retry(exc, f"create {kind} {meta['name']}") from None
+                return Existing(kind, meta["name"], existing)
+            if exc.status in REJECTED:
+                raise _rejected(exc, f"{kind} {meta['name']}") from None
             if exc.status in RETRYABLE:
-                raise _retry(exc, f"create Job {meta['name']}") from None
+                raise _retry(exc, f"create {kind} {meta['name']}") from None
             raise
-        return True
+        return Created(kind, meta["namespace"], meta["name"], answer)
 
-    async def delete_job(self, namespace: str, name: str) -> None:
-        """Delete an attempt's Job; its pods go with it in the background."""
+    async def _metadata(self, read: Any, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """An object's metadata (decoded from the raw answer, no client models), None when it is gone."""
         try:
-            await _send(self.batch.delete_namespaced_job, name, namespace, propagation_policy="Background")
+            answer = await _answer(read, name, namespace)
         except ApiException as exc:
-            if exc.status != 404:
-                raise _retry(exc, f"delete Job {name}") from None
+            if exc.status == 404:
+                return None
+            raise _retry(exc, f"get {kind} {name}") from None
+        meta: dict[str, Any] = json.loads(answer)["metadata"]
+        return meta
+
+    async def apply(self, obj: dict[str, Any]) -> None:
+        """Server-side apply a ConfigMap or Service that is already this job's; `metadata.uid` is required.
+
+        The uid is a precondition (a different object under the name makes the API server refuse the
+        change), and nothing is forced: a field another manager holds is a `FieldConflictError`. The one
+        exception is our own create's entry: a plain create records our fields under the `Update`
+        operation, which server-side apply counts as another manager of the same name, so a conflict
+        naming only `finetune-operator` is ours and is resolved by applying again with force.
+        """
+        kind, meta = obj["kind"], obj["metadata"]
+        if not meta.get("uid"):
+            raise ValueError(f"apply {kind} {meta['name']}: only an existing child (with its uid) is applied")
+        _, _, patch, _ = self._calls(kind)
+        force = False
+        while True:
+            try:
+                await _send(
+                    patch,
+                    meta["name"],
+                    meta["namespace"],
+                    obj,
+                    field_manager=FIELD_MANAGER,
+                    force=force,
+                    _content_type=APPLY_PATCH,
+                )
+                return
+            except ApiException as exc:
+                if exc.status == 409 and not force:
+                    managers = _conflicting_managers(exc)
+                    if managers == {FIELD_MANAGER}:
+                        force = True  # only our own create's fields: ours to move to the apply entry
+                        continue
+                    if managers:
+                        raise FieldConflictError(kind, meta["name"], _conflict_detail(exc)) from None
+                if exc.status in REJECTED:
+                    raise _rejected(exc, f"{kind} {meta['name']}") from None
+                raise _retry(exc, f"apply {kind} {meta['name']}") from None
+
+    async def delete(self, kind: str, namespace: str, name: str, uid: str) -> None:
+        """Delete one child, only if it is still the object with this uid (a precondition): gone already, or
+        replaced by another object of that name, is left alone. A Job's pods go with it in the background."""
+        _, _, _, delete = self._calls(kind)
+        body = {"preconditions": {"uid": uid}, "propagationPolicy": "Background"}
+        try:
+            await _send(delete, name, namespace, body=body)
+        except ApiException as exc:
+            if exc.status == 409:
+                log.warning("not deleting %s %s/%s: it is no longer the object with uid %s", kind, namespace, name, uid)
+            elif exc.status != 404:
+                raise _retry(exc, f"delete {kind} {name}") from None
 
     async def get_peering(self, name: str, namespace: str | None) -> dict[str, Any] | None:
         """kopf's (Cluster)KopfPeering object, or None when it does not exist."""
@@ -209,23 +340,18 @@ class Kube:
             raise _retry(exc, f"get peering {name}") from None
         return dict(body)
 
-    async def delete_child(self, kind: str, namespace: str, name: str) -> None:
-        """Delete a ConfigMap or Service (cleanup after a rejected spec); gone already is fine."""
-        call = self.core.delete_namespaced_config_map if kind == "ConfigMap" else self.core.delete_namespaced_service
-        try:
-            await _send(call, name, namespace)
-        except ApiException as exc:
-            if exc.status != 404:
-                raise _retry(exc, f"delete {kind} {name}") from None
+    async def suspend_job(self, namespace: str, name: str, uid: str, suspend: bool) -> None:
+        """Set the attempt Job's spec.suspend (the Job controller deletes or recreates pods).
 
-    async def suspend_job(self, namespace: str, name: str, suspend: bool) -> None:
-        """Set the attempt Job's spec.suspend (the Job controller deletes or recreates pods)."""
+        The patch carries the Job's uid: on another object of that name the API server refuses the change
+        (the uid is immutable), and the next round no longer sees a Job of ours to suspend.
+        """
         try:
             await _send(
                 self.batch.patch_namespaced_job,
                 name,
                 namespace,
-                {"spec": {"suspend": suspend}},
+                {"metadata": {"uid": uid}, "spec": {"suspend": suspend}},
                 _content_type=MERGE_PATCH,
             )
         except ApiException as exc:
@@ -274,12 +400,19 @@ class Kube:
         result: dict[str, Any] = self.api.sanitize_for_serialization(review.status) or {}
         return result
 
-    async def pod_identity(self, namespace: str, name: str) -> tuple[str, dict[str, str]] | None:
-        """A pod's uid and labels, or None when it does not exist."""
+    async def controlled_by(
+        self, kind: str, namespace: str, name: str
+    ) -> tuple[str, tuple[str, str, str] | None] | None:
+        """A Pod's or Job's uid and its controlling ownerReference as (kind, name, uid); None when it does not exist."""
+        read = self.core.read_namespaced_pod if kind == "Pod" else self.batch.read_namespaced_job
         try:
-            pod = await self.core.read_namespaced_pod(name, namespace)
+            obj = await read(name, namespace)
         except ApiException as exc:
             if exc.status == 404:
                 return None
             raise
-        return str(pod.metadata.uid), dict(pod.metadata.labels or {})
+        meta = obj.metadata
+        for ref in meta.owner_references or []:
+            if ref.controller:
+                return str(meta.uid), (str(ref.kind), str(ref.name), str(ref.uid))
+        return str(meta.uid), None

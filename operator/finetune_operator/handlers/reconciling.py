@@ -27,10 +27,17 @@ from finetune_api.v1alpha1.status import TERMINAL_PHASES, FineTuneJobStatus
 from finetune_operator import metrics
 from finetune_operator.handlers import requeue
 from finetune_operator.handlers.indexes import observe
-from finetune_operator.handlers.kube import RejectedError
+from finetune_operator.handlers.kube import Created, Existing, FieldConflictError, RejectedError
 from finetune_operator.handlers.state import Key, OperatorState
-from finetune_operator.reconcile import Actions, reconcile
-from finetune_operator.status import Transition, only_details_changed
+from finetune_operator.reconcile import Actions, claim, holder, namesake_wait, reconcile
+from finetune_operator.status import (
+    ConflictReason,
+    Transition,
+    child_conflict,
+    field_conflict_message,
+    name_conflict_message,
+    only_details_changed,
+)
 
 log = logging.getLogger(__name__)
 # Keys the progress endpoint owns; the reconciler never writes them, so it cannot undo a push.
@@ -41,6 +48,17 @@ RECONCILE_TIMEOUT_SECONDS = 60.0
 RESYNC_JITTER = 0.1
 # A change of only the ready count or messages is written at most once a second per job (`only_details_changed`).
 STATUS_BATCH_SECONDS = 1.0
+FAILURE_REASONS = frozenset(
+    {"InvalidSpec", "PermanentError", "BackoffLimitExceeded", "DeadlineExceeded", "NameConflict", "FieldConflict"}
+)
+
+
+class ChildConflictError(Exception):
+    """A child the round must write is not (only) this job's: the job fails, nothing of it is touched."""
+
+    def __init__(self, reason: ConflictReason, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 def capture_indexes(state: OperatorState, kwargs: dict[str, Any]) -> None:
@@ -129,11 +147,17 @@ async def _reconcile_once(state: OperatorState, key: Key) -> bool:
     )
     now = datetime.now(UTC).replace(microsecond=0)
     actions = reconcile(job, observed, now, state.config.render_options(job.namespace, job.name), state.renders)
+    created: list[Created] = []
     try:
-        await _apply(state, job, actions)
+        await _apply(state, job, actions, created)
     except RejectedError as exc:  # e.g. a template toleration the API server refuses: the spec, not luck
-        await _undo(state, job, actions)
+        await _undo(state, created)
         await _write_invalid(state, body, InvalidSpecError.from_message("spec.template", str(exc)))
+        return True
+    except ChildConflictError as exc:  # a child's name is taken by an object that is not this job's
+        await _undo(state, created)
+        result = child_conflict(job, actions.status.attempt, exc.reason, str(exc), now)
+        await _write_status(state, body, job, Actions(status=result.status, transitions=result.transitions))
         return True
     await _write_status(state, body, job, actions)
     if actions.delete_self:
@@ -154,31 +178,83 @@ def _previous_status(body: dict[str, Any]) -> FineTuneJobStatus:
         return FineTuneJobStatus()
 
 
-async def _apply(state: OperatorState, job: FineTuneJob, actions: Actions) -> None:
-    """Children first (create the next attempt before deleting the failed one), then suspend."""
+async def _apply(state: OperatorState, job: FineTuneJob, actions: Actions, created: list[Created]) -> None:
+    """Children first (create the next attempt before deleting the failed one), then suspend.
+
+    Every child this round creates is added to `created` as soon as it exists, so that a rejected or
+    conflicting child can be rolled back (`_undo`) to exactly what this round made.
+    """
     # ConfigMap and Service go out together, then the Job: a crash in between can then never leave a Job
-    # (and pods) without its config, even if the job finishes before the operator is back.
-    await asyncio.gather(*(state.kube.apply(obj) for obj in actions.apply))
-    created = await asyncio.gather(*(state.kube.create_job(obj) for obj in actions.create))
-    for obj, new in zip(actions.create, created, strict=True):
-        if new:
+    # (and pods) without its config, even if the job finishes before the operator is back. Both are
+    # waited for even when one fails, so `created` is complete before a rollback reads it.
+    outcomes = await asyncio.gather(
+        *(_ensure(state, job, obj, created) for obj in actions.apply), return_exceptions=True
+    )
+    errors = [outcome for outcome in outcomes if isinstance(outcome, BaseException)]
+    if errors:  # a final answer (conflict, rejected) before a passing one (retry), so the job need not wait
+        raise next((e for e in errors if isinstance(e, ChildConflictError | RejectedError)), errors[0])
+    for obj in actions.create:
+        if await _ensure(state, job, obj, created):
             log.info("[%s/%s] created Job %s", job.namespace, job.name, obj["metadata"]["name"])
             if actions.status.attempt == 1:
                 metrics.JOBS_CREATED.labels(job.namespace).inc()
     for name in actions.delete_jobs:
         log.info("[%s/%s] deleting Job %s", job.namespace, job.name, name)
-        await state.kube.delete_job(job.namespace, name)
+        await state.kube.delete("Job", job.namespace, name, actions.job_uids[name])
     for name, suspend in actions.suspend_jobs.items():
         log.info("[%s/%s] %s Job %s", job.namespace, job.name, "suspending" if suspend else "resuming", name)
-        await state.kube.suspend_job(job.namespace, name, suspend)
+        await state.kube.suspend_job(job.namespace, name, actions.job_uids[name], suspend)
 
 
-async def _undo(state: OperatorState, job: FineTuneJob, actions: Actions) -> None:
-    """Remove what this round created, so a rejected spec leaves no half-created children."""
-    for obj in actions.apply:
-        await state.kube.delete_child(obj["kind"], job.namespace, obj["metadata"]["name"])
-    for obj in actions.create:
-        await state.kube.delete_job(job.namespace, obj["metadata"]["name"])
+async def _ensure(state: OperatorState, job: FineTuneJob, obj: dict[str, Any], created: list[Created]) -> bool:
+    """Make one child exist as the job's: True when this call created it.
+
+    A child that carries its uid is already ours (observed) and is updated. Otherwise it is created; when
+    the name is taken, the holder decides (`claim`): ours (the watch had not shown it yet) is updated, a
+    deleted namesake's leftover is waited for, anything else fails the job. A Job is never updated: one
+    of ours under the name is the attempt itself.
+    """
+    if obj["metadata"].get("uid"):
+        await _update(state, obj)
+        return False
+    outcome = await state.kube.create(obj)
+    if isinstance(outcome, Created):
+        created.append(outcome)
+        return True
+    await _settle(state, job, obj, outcome)
+    return False
+
+
+async def _settle(state: OperatorState, job: FineTuneJob, obj: dict[str, Any], existing: Existing) -> None:
+    """A create found the name taken: update it if it is ours, wait for a namesake's leftover, else fail."""
+    whose = claim(existing.meta, job)
+    if whose == "foreign":
+        raise ChildConflictError(
+            "NameConflict", name_conflict_message(existing.kind, existing.name, holder(existing.meta))
+        )
+    if whose == "namesake":
+        delay = namesake_wait(existing.meta, datetime.now(UTC))
+        raise kopf.TemporaryError(
+            f"{existing.kind} {existing.name} is a deleted FineTuneJob {job.name}'s, not yet garbage-collected",
+            delay=delay,
+        )
+    log.debug("[%s/%s] %s %s exists and is ours", job.namespace, job.name, existing.kind, existing.name)
+    if existing.kind != "Job":
+        await _update(state, {**obj, "metadata": {**obj["metadata"], "uid": existing.meta["uid"]}})
+
+
+async def _update(state: OperatorState, obj: dict[str, Any]) -> None:
+    try:
+        await state.kube.apply(obj)
+    except FieldConflictError as exc:
+        raise ChildConflictError("FieldConflict", field_conflict_message(exc.kind, exc.name, exc.detail)) from None
+
+
+async def _undo(state: OperatorState, created: list[Created]) -> None:
+    """Take back what this round created, and only that: each delete names the object by the uid its create
+    answered with, so a rejected spec or a conflict leaves no half-made children and never removes another's."""
+    for child in reversed(created):
+        await state.kube.delete(child.kind, child.namespace, child.name, child.uid)
 
 
 async def _write_status(state: OperatorState, body: dict[str, Any], job: FineTuneJob, actions: Actions) -> None:
@@ -207,7 +283,7 @@ async def _announce(state: OperatorState, body: dict[str, Any], t: Transition) -
     await state.kube.post_event(body, t.type, t.reason, t.message)
     if t.reason == "Completed":
         metrics.JOBS_SUCCEEDED.labels(ns).inc()
-    elif t.reason in ("InvalidSpec", "PermanentError", "BackoffLimitExceeded", "DeadlineExceeded"):
+    elif t.reason in FAILURE_REASONS:
         metrics.JOBS_FAILED.labels(ns, t.reason).inc()
     elif t.type == "Warning":
         metrics.JOBS_RESTARTED.labels(ns, t.reason).inc()
