@@ -178,3 +178,18 @@ def test_suspend_names_the_job_by_uid() -> None:
         "patch_namespaced_job",
         ("web-1", "ns", {"metadata": {"uid": "u-j"}, "spec": {"suspend": True}}),
     )
+
+
+def test_apply_to_a_name_another_object_took_meanwhile_is_a_retry_not_a_rejected_spec() -> None:
+    immutable = status(
+        422,
+        'ConfigMap "web-config" is invalid: metadata.uid: Invalid value: "u-cm": field is immutable',
+        [{"reason": "FieldValueInvalid", "field": "metadata.uid"}],
+    )
+    with pytest.raises(kopf.TemporaryError):
+        asyncio.run(ScriptedKube(immutable).apply(OURS))
+    gone = status(409, "uid mismatch: the provided object specified uid u-cm, and no existing object was found")
+    with pytest.raises(kopf.TemporaryError):
+        asyncio.run(ScriptedKube(gone).apply(OURS))
+    with pytest.raises(RejectedError):  # any other invalid field is the spec's
+        asyncio.run(ScriptedKube(status(422, "data: Too long", [{"field": "data"}])).apply(OURS))

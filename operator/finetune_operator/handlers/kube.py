@@ -127,13 +127,23 @@ async def _send(call: Any, *args: Any, **kwargs: Any) -> None:
     await _answer(call, *args, **kwargs)
 
 
-def _conflicting_managers(exc: ApiException) -> set[str]:
-    """The other field managers a server-side apply conflict names (empty when it names none)."""
+def _causes(exc: ApiException) -> list[dict[str, Any]]:
+    """The `details.causes` of an API error's Status (empty when it has none or is not JSON)."""
     try:
         causes = (json.loads(exc.body or "{}").get("details") or {}).get("causes") or []
     except (ValueError, AttributeError):
-        return set()
-    return {m for cause in causes for m in _CONFLICT_MANAGER.findall(str(cause.get("message", "")))}
+        return []
+    return [c for c in causes if isinstance(c, dict)]
+
+
+def _conflicting_managers(exc: ApiException) -> set[str]:
+    """The other field managers a server-side apply conflict names (empty when it names none)."""
+    return {m for cause in _causes(exc) for m in _CONFLICT_MANAGER.findall(str(cause.get("message", "")))}
+
+
+def _uid_refused(exc: ApiException) -> bool:
+    """The API server refused a write because the object under the name has another uid than the one named."""
+    return any(cause.get("field") == "metadata.uid" for cause in _causes(exc))
 
 
 def _conflict_detail(exc: ApiException) -> str:
@@ -310,7 +320,9 @@ class Kube:
                         continue
                     if managers:
                         raise FieldConflictError(kind, meta["name"], _conflict_detail(exc)) from None
-                if exc.status in REJECTED:
+                # Another object holds the name now ("metadata.uid: field is immutable"; 409 "uid mismatch" when
+                # none does): not ours to change. The next round sees it and creates, or finds whose it is.
+                if exc.status in REJECTED and not _uid_refused(exc):
                     raise _rejected(exc, f"{kind} {meta['name']}") from None
                 raise _retry(exc, f"apply {kind} {meta['name']}") from None
 
@@ -400,19 +412,12 @@ class Kube:
         result: dict[str, Any] = self.api.sanitize_for_serialization(review.status) or {}
         return result
 
-    async def controlled_by(
-        self, kind: str, namespace: str, name: str
-    ) -> tuple[str, tuple[str, str, str] | None] | None:
-        """A Pod's or Job's uid and its controlling ownerReference as (kind, name, uid); None when it does not exist."""
-        read = self.core.read_namespaced_pod if kind == "Pod" else self.batch.read_namespaced_job
+    async def pod_identity(self, namespace: str, name: str) -> tuple[str, dict[str, str]] | None:
+        """A pod's uid and labels, or None when it does not exist."""
         try:
-            obj = await read(name, namespace)
+            pod = await self.core.read_namespaced_pod(name, namespace)
         except ApiException as exc:
             if exc.status == 404:
                 return None
             raise
-        meta = obj.metadata
-        for ref in meta.owner_references or []:
-            if ref.controller:
-                return str(meta.uid), (str(ref.kind), str(ref.name), str(ref.uid))
-        return str(meta.uid), None
+        return str(pod.metadata.uid), dict(pod.metadata.labels or {})
