@@ -4,7 +4,7 @@ Holds the metric objects only; handlers and the progress endpoint increment them
 bounded (namespace, reason, result), never a job name, so cardinality stays flat at scale.
 """
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -30,4 +30,24 @@ RECONCILE_SECONDS = Histogram(
 )
 PROGRESS_PUSHES = Counter(
     "finetune_progress_pushes_total", "Progress reports received, by result.", ["result"], registry=REGISTRY
+)
+PROGRESS_REJECTED = Counter(
+    "finetune_progress_rejected_total",
+    "Progress reports refused, by reason (a fixed set: progress.reasons.Reason).",
+    ["reason"],
+    registry=REGISTRY,
+)
+PROGRESS_TOKEN_REVIEWS = Counter(
+    "finetune_progress_token_reviews_total",
+    "TokenReviews the progress endpoint made, by result (authenticated, refused, error).",
+    ["result"],
+    registry=REGISTRY,
+)
+PROGRESS_CONNECTIONS = Gauge(
+    "finetune_progress_connections", "Open connections to the progress endpoint (TLS done).", registry=REGISTRY
+)
+PROGRESS_CONNECTIONS_REFUSED = Counter(
+    "finetune_progress_connections_refused_total",
+    "Connections closed at once because the endpoint (or that client address) had too many open.",
+    registry=REGISTRY,
 )

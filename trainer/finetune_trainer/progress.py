@@ -5,12 +5,17 @@ the token re-read from `$FTJOB_PROGRESS_TOKEN_FILE` on every POST because projec
 verified against `$FTJOB_PROGRESS_CA_FILE` when set. POSTs happen on a background thread (latest report
 wins), at most every `interval` seconds except the last step, with short timeouts: a slow or absent operator
 never slows or fails training, and its failures are logged once. Only the standard library is used.
+
+The operator refuses numbers outside `Progress`'s limits (a NaN or 1e308 loss, from a diverged run), so a
+value outside them is left out of the report (it still goes to the log line and metrics.jsonl), and a
+report that would not validate is skipped rather than failing the training loop.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import ssl
 import threading
@@ -20,10 +25,18 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
 from transformers import TrainerCallback
 
 from finetune_api.constants import ENV_PROGRESS_CA_FILE, ENV_PROGRESS_TOKEN_FILE, ENV_PROGRESS_URL
-from finetune_api.v1alpha1.status import OutputStatus, Progress, TrainerReport
+from finetune_api.v1alpha1.status import (
+    ETA_LIMIT,
+    METRIC_LIMIT,
+    THROUGHPUT_LIMIT,
+    OutputStatus,
+    Progress,
+    TrainerReport,
+)
 
 log = logging.getLogger(__name__)
 
@@ -130,23 +143,27 @@ class ProgressCallback(TrainerCallback):
         self._loss = logs.get("loss", self._loss)
         self._eval_loss = logs.get("eval_loss", self._eval_loss)
         self._lr = logs.get("learning_rate", self._lr)
-        progress = self._progress(state, logs)
         with open(self.metrics_file, "a") as f:
             f.write(json.dumps({"step": state.global_step, **logs}) + "\n")
+        try:
+            progress: Progress | None = self._progress(state, logs)
+        except ValidationError as e:  # never fail training over a report
+            log.debug("progress report skipped: %s", e)
+            progress = None
         log.info(
             "step %d/%s (%.0f%%) loss %s eval_loss %s lr %s tok/s %s eta %s",
-            progress.step,
-            progress.total_steps,
-            progress.percent or 0.0,
+            state.global_step,
+            state.max_steps if state.max_steps > 0 else None,
+            (progress.percent if progress else None) or 0.0,
             _fmt(self._loss),
             _fmt(self._eval_loss),
-            _fmt(progress.learning_rate),
-            _fmt(progress.tokens_per_second),
-            _eta(progress.eta_seconds),
+            _fmt(self._lr),
+            _fmt(progress.tokens_per_second if progress else None),
+            _eta(progress.eta_seconds if progress else None),
         )
         last = state.max_steps > 0 and state.global_step >= state.max_steps
         now = time.monotonic()
-        if last or "eval_loss" in logs or now - self._last_post >= self.interval:
+        if progress is not None and (last or "eval_loss" in logs or now - self._last_post >= self.interval):
             self._last_post = now
             self.reporter.submit(TrainerReport(progress=progress))
 
@@ -164,15 +181,23 @@ class ProgressCallback(TrainerCallback):
         return Progress(
             step=state.global_step,
             total_steps=total,
-            epoch=state.epoch,
-            loss=self._loss,
-            eval_loss=self._eval_loss,
-            learning_rate=self._lr,
-            tokens_per_second=tokens / elapsed if tokens > 0 else None,
+            epoch=_within(state.epoch, 0.0, METRIC_LIMIT),
+            loss=_within(self._loss, -METRIC_LIMIT, METRIC_LIMIT),
+            eval_loss=_within(self._eval_loss, -METRIC_LIMIT, METRIC_LIMIT),
+            learning_rate=_within(self._lr, 0.0, METRIC_LIMIT),
+            tokens_per_second=_within(tokens / elapsed, 0.0, THROUGHPUT_LIMIT) if tokens > 0 else None,
             percent=min(100.0, 100.0 * state.global_step / total) if total else None,
-            eta_seconds=max(0.0, eta) if eta is not None else None,
+            eta_seconds=_within(max(0.0, eta), 0.0, ETA_LIMIT) if eta is not None else None,
             updated_at=datetime.now(UTC),
         )
+
+
+def _within(value: Any, low: float, high: float) -> float | None:
+    """`value` as a float when it is a finite number in [low, high] (what the operator accepts), else None."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    number = float(value)
+    return number if math.isfinite(number) and low <= number <= high else None
 
 
 def _fmt(value: float | None) -> str:

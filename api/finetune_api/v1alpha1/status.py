@@ -1,15 +1,59 @@
-"""FineTuneJob status: what the operator observed and decided. Written only by the operator."""
+"""FineTuneJob status: what the operator observed and decided. Written only by the operator.
+
+`Progress` and `OutputStatus` are also what a trainer pod reports (`TrainerReport`), so they carry the
+limits of untrusted input, and the generated CRD carries the same ones: numbers finite and bounded
+(a JSON NaN, Infinity, "NaN" or 1e999 is refused, not stored; an integer fits int64), the step within
+the planned steps, and the three output strings printable ASCII of bounded length (no NUL, ESC, CR-LF
+or BEL that `kubectl describe` would print raw). Which Hub host and repo an output may name depends on
+the job's spec, so that check is the progress endpoint's, not the model's.
+"""
 
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal, Self
 
-from pydantic import Field
+from annotated_types import MaxLen, MinLen
+from pydantic import Field, ValidationError, ValidatorFunctionWrapHandler, field_validator, model_validator
 
 from finetune_api.v1alpha1.base import ApiModel
+from finetune_api.v1alpha1.spec import HubOutput
 
 Phase = Literal["Pending", "Running", "Restarting", "Succeeded", "Failed", "Suspended"]
 ConditionType = Literal["Created", "Running", "Restarting", "Succeeded", "Failed", "Suspended"]
 TERMINAL_PHASES: frozenset[str] = frozenset({"Succeeded", "Failed"})
+
+INT64_MAX = 2**63 - 1
+"""Largest step count: what Kubernetes stores as an integer (a JSON number above it is refused)."""
+METRIC_LIMIT = 1e6
+"""Largest |loss|, |eval loss|, learning rate and epoch kept in status. A diverged run's loss of 1e308 says
+no more than one of 1e6 and would print as noise in `kubectl get`; the trainer drops what lies outside."""
+THROUGHPUT_LIMIT = 1e12
+"""Largest tokens per second (all GPUs): far above any cluster."""
+ETA_LIMIT = 1e10
+"""Largest ETA in seconds (about 300 years)."""
+URL_MAX = 2048
+REVISION_MAX = 255
+URL_PATTERN = r"^https?://[A-Za-z0-9._~:/?#\[\]@!$&'()*+,;=%-]+$"
+"""http(s) and the characters RFC 3986 allows in a URI: no space, quote, angle bracket or control character."""
+REVISION_PATTERN = r"^(?:[0-9a-f]{40}|[A-Za-z0-9][A-Za-z0-9._/-]*)$"
+"""A commit id (40 hex digits) or a branch, tag or ref name (`main`, `refs/pr/1`)."""
+
+
+def _repo_id_constraints() -> dict[str, Any]:
+    """The spec's own `output.hub.repoId` limits, so a reported repo id cannot be looser than the spec's."""
+    found: dict[str, Any] = {}
+    for item in HubOutput.model_fields["repo_id"].metadata:
+        if isinstance(item, MinLen):
+            found["min_length"] = item.min_length
+        elif isinstance(item, MaxLen):
+            found["max_length"] = item.max_length
+        elif getattr(item, "pattern", None):
+            found["pattern"] = item.pattern
+    return found
+
+
+def _finite(description: str, *, ge: float, le: float) -> Any:
+    """A float field that only takes a finite JSON number in [ge, le] (strict: "1.5" is not a number)."""
+    return Field(default=None, ge=ge, le=le, strict=True, allow_inf_nan=False, description=description)
 
 
 class Condition(ApiModel):
@@ -26,18 +70,24 @@ class Condition(ApiModel):
 class Progress(ApiModel):
     """Training progress, pushed by the trainer's main process."""
 
-    step: int = Field(default=0, ge=0, description="Optimizer steps done.")
-    total_steps: int | None = Field(default=None, ge=0, description="Optimizer steps planned.")
-    epoch: float | None = Field(default=None, ge=0, description="Epochs done (fractional).")
-    loss: float | None = Field(default=None, description="Latest training loss.")
-    eval_loss: float | None = Field(default=None, description="Latest eval loss.")
-    learning_rate: float | None = Field(default=None, description="Current learning rate.")
-    tokens_per_second: float | None = Field(
-        default=None, ge=0, description="Training tokens per second (all GPUs)."
+    step: int = Field(default=0, ge=0, le=INT64_MAX, strict=True, description="Optimizer steps done.")
+    total_steps: int | None = Field(
+        default=None, ge=0, le=INT64_MAX, strict=True, description="Optimizer steps planned; step never exceeds it."
     )
-    percent: float | None = Field(default=None, ge=0, le=100, description="step / totalSteps, in percent.")
-    eta_seconds: float | None = Field(default=None, ge=0, description="Estimated seconds left.")
+    epoch: float | None = _finite("Epochs done (fractional).", ge=0, le=METRIC_LIMIT)
+    loss: float | None = _finite("Latest training loss (|loss| <= 1e6).", ge=-METRIC_LIMIT, le=METRIC_LIMIT)
+    eval_loss: float | None = _finite("Latest eval loss (|loss| <= 1e6).", ge=-METRIC_LIMIT, le=METRIC_LIMIT)
+    learning_rate: float | None = _finite("Current learning rate.", ge=0, le=METRIC_LIMIT)
+    tokens_per_second: float | None = _finite("Training tokens per second (all GPUs).", ge=0, le=THROUGHPUT_LIMIT)
+    percent: float | None = _finite("step / totalSteps, in percent.", ge=0, le=100)
+    eta_seconds: float | None = _finite("Estimated seconds left.", ge=0, le=ETA_LIMIT)
     updated_at: datetime | None = Field(default=None, description="When the trainer sent this.")
+
+    @model_validator(mode="after")
+    def _step_within_plan(self) -> Self:
+        if self.total_steps is not None and self.step > self.total_steps:
+            raise ValueError(f"step {self.step} is beyond totalSteps {self.total_steps}")
+        return self
 
 
 class PlanSummary(ApiModel):
@@ -54,9 +104,13 @@ class PlanSummary(ApiModel):
 class OutputStatus(ApiModel):
     """Where the adapter went."""
 
-    hub_repo: str | None = Field(default=None, description="Hub repo id.")
-    revision: str | None = Field(default=None, description="Commit pushed.")
-    url: str | None = Field(default=None, description="Link to the pushed commit.")
+    hub_repo: str | None = Field(default=None, **_repo_id_constraints(), description="Hub repo id (org/name).")
+    revision: str | None = Field(
+        default=None, max_length=REVISION_MAX, pattern=REVISION_PATTERN, description="Commit pushed (or a ref)."
+    )
+    url: str | None = Field(
+        default=None, max_length=URL_MAX, pattern=URL_PATTERN, description="Link to the pushed commit (http/https)."
+    )
 
 
 class FineTuneJobStatus(ApiModel):
@@ -77,6 +131,16 @@ class FineTuneJobStatus(ApiModel):
     output: OutputStatus | None = Field(default=None, description="Pushed output.")
     restarts: int = Field(default=0, ge=0, description="Attempts restarted after a failure.")
     message: str | None = Field(default=None, max_length=32768, description="Last notable event, for people.")
+
+    @field_validator("progress", "output", mode="wrap")
+    @classmethod
+    def _reported_parts_never_void_the_rest(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        """A stored progress or output that breaks today's limits (written before they existed) reads as
+        absent: the trainer's next report replaces it, and the operator's own fields stay readable."""
+        try:
+            return handler(value)
+        except ValidationError:
+            return None
 
 
 class TrainerReport(ApiModel):

@@ -6,10 +6,10 @@ goes into memo as one `OperatorState`. `shutdown()` stops the servers and closes
 
 import asyncio
 import logging
+from functools import partial
 from typing import Any
 
 import kopf
-from aiohttp import web
 
 from finetune_api import constants
 from finetune_operator.handlers import peers, requeue
@@ -17,8 +17,10 @@ from finetune_operator.handlers.kube import Kube
 from finetune_operator.handlers.reconciling import reconcile_job
 from finetune_operator.handlers.state import OperatorConfig, OperatorState
 from finetune_operator.progress.auth import Authenticator
+from finetune_operator.progress.directory import JobDirectory
 from finetune_operator.progress.ratelimit import RateLimiter
 from finetune_operator.progress.server import build_app, build_metrics_app
+from finetune_operator.progress.serving import ConnectionGate, serve
 from finetune_operator.progress.tls import server_context
 
 CHILD_SELECTOR = f"{constants.LABEL_MANAGED_BY}={constants.MANAGED_BY}"
@@ -62,13 +64,6 @@ def _settings(settings: kopf.OperatorSettings) -> None:
     settings.queueing.error_delays = [1, 2, 5, 10, 30, 60]
 
 
-async def _serve(app: web.Application, port: int, ssl_context: Any = None) -> web.AppRunner:
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, "0.0.0.0", port, ssl_context=ssl_context).start()
-    return runner
-
-
 @kopf.on.startup(id="configure")
 async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     """Once at start: settings, client, progress endpoint (HTTPS), /metrics and the wake-up task."""
@@ -76,13 +71,20 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: ko
     config: OperatorConfig = memo["config"]
     state = OperatorState(config=config, kube=await Kube.connect())
     memo["state"] = state
-    auth = Authenticator(review=state.kube.review_token, pod=state.kube.pod_identity)
+    # Who may report: what the watch knows of each job (a GET where it knows nothing), TokenReview, owner chain.
+    directory = JobDirectory(known=state.bodies.get, fetch=state.kube.get_finetunejob)
+    auth = Authenticator(
+        review=state.kube.review_token,
+        pod=partial(state.kube.controlled_by, "Pod"),
+        job=partial(state.kube.controlled_by, "Job"),
+        jobs=directory.lookup,
+    )
+    state.progress_auth = auth
 
     tls = server_context(config.progress_cert, config.progress_key)
-    memo["runners"] = [
-        await _serve(build_app(auth, RateLimiter(), state.kube.patch_status), config.progress_port, tls),
-        await _serve(build_metrics_app(), config.metrics_port),
-    ]
+    progress = await serve(build_app(auth, RateLimiter(), state.kube.patch_status), config.progress_port, tls)
+    scrapes = await serve(build_metrics_app(), config.metrics_port, gate=ConnectionGate(observed=False))
+    memo["runners"] = [progress[0], scrapes[0]]
 
     async def wake(key: tuple[str, str]) -> None:
         if await peers.active(state, key[0]):  # kopf pauses handlers in a standby replica, not our task

@@ -57,7 +57,10 @@ async def attempt_job_event(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> 
 
 @kopf.on.event("", "v1", "pods", labels=CHILD_LABELS, id="trainer_pod_event")
 async def trainer_pod_event(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
-    """A trainer pod changed (scheduled, ready, failed, evicted): reconcile its job."""
+    """A trainer pod changed (scheduled, ready, failed, evicted): reconcile its job. A pod that goes also
+    loses its place in the progress endpoint's cache of accepted tokens."""
     state = _state(memo)
     capture_indexes(state, kwargs)
+    if state.progress_auth is not None and (kwargs.get("type") == "DELETED" or body.meta.get("deletionTimestamp")):
+        state.progress_auth.forget_pod(str(body.meta.uid))
     await reconcile_job(state, key_of(body.meta))

@@ -412,12 +412,19 @@ class Kube:
         result: dict[str, Any] = self.api.sanitize_for_serialization(review.status) or {}
         return result
 
-    async def pod_identity(self, namespace: str, name: str) -> tuple[str, dict[str, str]] | None:
-        """A pod's uid and labels, or None when it does not exist."""
+    async def controlled_by(
+        self, kind: str, namespace: str, name: str
+    ) -> tuple[str, tuple[str, str, str] | None] | None:
+        """A Pod's or Job's uid and its controlling ownerReference as (kind, name, uid); None when it does not exist."""
+        read = self.core.read_namespaced_pod if kind == "Pod" else self.batch.read_namespaced_job
         try:
-            pod = await self.core.read_namespaced_pod(name, namespace)
+            obj = await read(name, namespace)
         except ApiException as exc:
             if exc.status == 404:
                 return None
             raise
-        return str(pod.metadata.uid), dict(pod.metadata.labels or {})
+        meta = obj.metadata
+        for ref in meta.owner_references or []:
+            if ref.controller:
+                return str(meta.uid), (str(ref.kind), str(ref.name), str(ref.uid))
+        return str(meta.uid), None

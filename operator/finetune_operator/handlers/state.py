@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from finetune_operator.handlers.kube import Kube
+from finetune_operator.progress.auth import Authenticator
 from finetune_operator.render import RenderOptions
 from finetune_operator.render.cache import RenderCache
 
@@ -127,6 +128,8 @@ class OperatorState:
     status_written: dict[Key, float] = field(default_factory=dict)
     """When each job's status was last written (monotonic clock), to batch ready-count changes."""
     renders: RenderCache = field(default_factory=RenderCache)
+    progress_auth: Authenticator | None = None
+    """The progress endpoint's token checker (set by `configure`): told when a trainer pod goes."""
     slots: asyncio.Semaphore = field(init=False)
 
     def __post_init__(self) -> None:

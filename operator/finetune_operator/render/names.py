@@ -14,7 +14,12 @@ def service_name(job: FineTuneJob) -> str:
 
 
 def attempt_job_name(job: FineTuneJob, attempt: int) -> str:
-    return f"{job.name}-{attempt}"
+    return attempt_job_name_of(job.name, attempt)
+
+
+def attempt_job_name_of(job_name: str, attempt: int) -> str:
+    """The attempt Job's name from the job's name alone (the progress endpoint has no FineTuneJob object)."""
+    return f"{job_name}-{attempt}"
 
 
 def pod_hostname(job: FineTuneJob, attempt: int, index: int) -> str:
