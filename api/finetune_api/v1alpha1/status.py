@@ -9,10 +9,17 @@ the job's spec, so that check is the progress endpoint's, not the model's.
 """
 
 from datetime import datetime
-from typing import Any, Literal, Self
+from typing import Annotated, Any, Literal, Self
 
 from annotated_types import MaxLen, MinLen
-from pydantic import Field, ValidationError, ValidatorFunctionWrapHandler, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    Field,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+    model_validator,
+)
 
 from finetune_api.v1alpha1.base import ApiModel
 from finetune_api.v1alpha1.spec import HubOutput
@@ -22,7 +29,9 @@ ConditionType = Literal["Created", "Running", "Restarting", "Succeeded", "Failed
 TERMINAL_PHASES: frozenset[str] = frozenset({"Succeeded", "Failed"})
 
 INT64_MAX = 2**63 - 1
-"""Largest step count: what Kubernetes stores as an integer (a JSON number above it is refused)."""
+"""Largest step count: what Kubernetes stores as an integer (a JSON number above it is refused). The CRD says
+`format: int64` rather than `maximum`: the API server reads a schema's maximum as a float64, and 2**63 - 1
+rounds up past int64 there."""
 METRIC_LIMIT = 1e6
 """Largest |loss|, |eval loss|, learning rate and epoch kept in status. A diverged run's loss of 1e308 says
 no more than one of 1e6 and would print as noise in `kubectl get`; the trainer drops what lies outside."""
@@ -51,6 +60,16 @@ def _repo_id_constraints() -> dict[str, Any]:
     return found
 
 
+def _fits_int64(value: int) -> int:
+    if value > INT64_MAX:
+        raise ValueError(f"must fit in int64 (at most {INT64_MAX})")
+    return value
+
+
+Count = Annotated[int, Field(ge=0, strict=True, json_schema_extra={"format": "int64"}), AfterValidator(_fits_int64)]
+"""A count in a report: a JSON integer (strict: not "5", not 5.5) from 0 to INT64_MAX."""
+
+
 def _finite(description: str, *, ge: float, le: float) -> Any:
     """A float field that only takes a finite JSON number in [ge, le] (strict: "1.5" is not a number)."""
     return Field(default=None, ge=ge, le=le, strict=True, allow_inf_nan=False, description=description)
@@ -70,10 +89,8 @@ class Condition(ApiModel):
 class Progress(ApiModel):
     """Training progress, pushed by the trainer's main process."""
 
-    step: int = Field(default=0, ge=0, le=INT64_MAX, strict=True, description="Optimizer steps done.")
-    total_steps: int | None = Field(
-        default=None, ge=0, le=INT64_MAX, strict=True, description="Optimizer steps planned; step never exceeds it."
-    )
+    step: Count = Field(default=0, description="Optimizer steps done.")
+    total_steps: Count | None = Field(default=None, description="Optimizer steps planned; step never exceeds it.")
     epoch: float | None = _finite("Epochs done (fractional).", ge=0, le=METRIC_LIMIT)
     loss: float | None = _finite("Latest training loss (|loss| <= 1e6).", ge=-METRIC_LIMIT, le=METRIC_LIMIT)
     eval_loss: float | None = _finite("Latest eval loss (|loss| <= 1e6).", ge=-METRIC_LIMIT, le=METRIC_LIMIT)

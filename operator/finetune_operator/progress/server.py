@@ -127,7 +127,7 @@ def build_app(auth: Authenticator, limiter: RateLimiter, write_status: StatusWri
             try:
                 written = await write_status(ns, name, status)
             except Exception as exc:  # API error, timeout, refused by the CRD schema: the trainer tries again
-                log.warning("progress for %s/%s not written: %s", ns, name, type(exc).__name__)
+                log.warning("progress for %s/%s not written: %s: %.300s", ns, name, type(exc).__name__, exc)
                 return refusal("status_write_failed")
             if written is None:
                 return refusal("job_gone")
