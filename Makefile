@@ -28,7 +28,7 @@ cluster-purge: ## stop the control plane and delete .cluster/
 VENV = $(shell hack/venv.sh)
 PYTEST_ARGS ?=
 
-.PHONY: venv run test test-unit lint crd
+.PHONY: venv run test test-unit lint crd images
 venv: ## create/refresh the virtualenv (outside the repo, cached)
 	@hack/venv.sh
 
@@ -44,10 +44,14 @@ test: cluster-build ## everything CI runs: lint, unit, trainer (CPU) and control
 test-unit: ## fast tests only (no cluster, no training)
 	$(VENV)/bin/python -m pytest tests/unit $(PYTEST_ARGS)
 
-lint: ## ruff + import-linter layer contracts + mypy --strict (pyproject's [tool.mypy])
+lint: ## ruff + import-linter layer contracts + mypy --strict (pyproject's [tool.mypy]) + hadolint
 	$(VENV)/bin/ruff check api operator trainer tests
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/mypy api operator trainer
+	$(VENV)/bin/hadolint Dockerfile
+
+images: ## build localhost/finetune-operator/{operator,trainer}:dev with buildah; loaded into the real node when up
+	hack/images.sh
 
 crd: ## regenerate crds/finetunejob.yaml from the API models
 	$(VENV)/bin/ftjob crd --out crds/finetunejob.yaml
