@@ -75,6 +75,19 @@ RESERVED_ENV_NAMES: Final = frozenset(
     }
 )
 
+# Label keys `spec.template.labels` may not set: the operator's own (it selects and indexes its children by
+# them) and the ones the Job controller puts on every pod of a Job.
+RESERVED_LABEL_PREFIXES: Final = (f"{GROUP}/", "batch.kubernetes.io/")
+RESERVED_LABEL_KEYS: Final = (LABEL_MANAGED_BY, "controller-uid", "job-name")
+
+# The trainer pod's identity and writable paths. The trainer image (Dockerfile, target `trainer`) runs as this
+# uid/gid with HOME below, every cache under HOME's .cache; the pod runs it with a read-only root filesystem
+# and disk-backed emptyDirs at these two paths (Pod Security `restricted`).
+TRAINER_UID: Final = 65532
+TRAINER_HOME: Final = "/home/ftjob"
+TRAINER_CACHE_MOUNT: Final = f"{TRAINER_HOME}/.cache"
+TMP_MOUNT: Final = "/tmp"
+
 # Resources.
 GPU_RESOURCE: Final = "nvidia.com/gpu"
 TRAINER_CONTAINER: Final = "trainer"

@@ -39,6 +39,7 @@ HACK = REPO / "hack" / "cluster"
 FTJOB = Path(sys.executable).parent / "ftjob"
 RESULTS = Path(__file__).parent / "results"
 KWOK = "kwok.finetune.dev"
+POLICY_FLAGS = [f"--allowed-annotation-prefix={KWOK}/"]  # the pod policy lets jobs set the KWOK hold annotation
 GROUP, VERSION, PLURAL = "finetune.dev", "v1alpha1", "finetunejobs"
 LABEL = "finetune.dev/job-name"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -166,6 +167,7 @@ class Bench:
             str(free_port()),
             "--progress-url",
             f"https://127.0.0.1:{progress}",
+            *POLICY_FLAGS,
         ]
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
         proc = subprocess.Popen(args, env=env, stdout=log_path.open("ab"), stderr=subprocess.STDOUT)
@@ -437,7 +439,10 @@ class Bench:
     def burst_floor(self, n: int, timeout: float) -> dict[str, Any]:
         """The same children, created directly from render_all output (no operator)."""
         from finetune_api.v1alpha1.resource import FineTuneJob
-        from finetune_operator.render import render_all
+        from finetune_operator.policy import PodPolicy
+        from finetune_operator.render import RenderOptions, render_all
+
+        options = RenderOptions(policy=PodPolicy(allowed_annotation_prefixes=(f"{KWOK}/",)))  # = POLICY_FLAGS
 
         ns = self.namespace(f"burst-floor-{n}-{uuid.uuid4().hex[:4]}")
         seen: dict[str, float] = {}
@@ -450,7 +455,7 @@ class Bench:
         for i in range(n):  # rendering is inside the timed region: the operator has to do it too
             body = self.ftj(f"b{i}")
             body["metadata"]["namespace"] = ns
-            r = render_all(FineTuneJob.from_body(body))
+            r = render_all(FineTuneJob.from_body(body), options)
             self.core.create_namespaced_config_map(ns, r.config_map)
             self.core.create_namespaced_service(ns, r.service)
             self.batch.create_namespaced_job(ns, _quantities_as_str(r.job))

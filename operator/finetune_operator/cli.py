@@ -1,6 +1,12 @@
 """`ftjob`: crd, render, plan, run, operator. Thin: parse arguments, call the core, print.
 
-Exit status 2 means the job file is invalid; the message names every field that is wrong.
+Exit status 2 means the job file is invalid; the message names every field that is wrong. `plan`, `render` and
+`run` read the job through one function (`load_job`), which applies the operator's own rules
+(`validation.check_job`), so the three accept and reject exactly the same jobs, with the same words.
+
+The pod policy (what `spec.template` may ask for, `finetune_operator.policy`): `operator`, `render` and `plan`
+take its flags (`--allowed-*`, `--pod-security-level`); without them, `render` and `plan` assume the defaults
+an operator installed by the chart has (for `render`, with the image of `--image`), and `run` always does.
 """
 
 import argparse
@@ -13,12 +19,15 @@ import yaml
 
 from finetune_api.v1alpha1.errors import InvalidSpecError
 from finetune_api.v1alpha1.resource import FineTuneJob
+from finetune_operator.policy import PodPolicy, add_policy_flags, policy_from_flags
+from finetune_operator.validation import check_job
 
 EXIT_INVALID = 2
 
 
-def load_job(path: str) -> FineTuneJob:
-    """Read one FineTuneJob from a YAML file (the first FineTuneJob document)."""
+def load_job(path: str, policy: PodPolicy | None = None) -> FineTuneJob:
+    """Read one FineTuneJob from a YAML file (the first FineTuneJob document); InvalidSpecError naming every
+    field the operator would reject, under `policy` (default: the operator's default pod policy)."""
     text = sys.stdin.read() if path == "-" else Path(path).read_text()
     try:
         documents = [d for d in yaml.safe_load_all(text) if d]
@@ -27,7 +36,18 @@ def load_job(path: str) -> FineTuneJob:
     jobs = [d for d in documents if isinstance(d, dict) and d.get("kind") == "FineTuneJob"]
     if not jobs:
         raise InvalidSpecError.from_message(path, "holds no document of kind FineTuneJob")
-    return FineTuneJob.from_body(jobs[0])
+    job = FineTuneJob.from_body(jobs[0])
+    errors = check_job(job, policy)
+    if errors:
+        raise InvalidSpecError(errors)
+    return job
+
+
+def _policy(args: argparse.Namespace) -> PodPolicy:
+    """The pod policy of the command's flags; without any, the operator's defaults for the same `--image`."""
+    from finetune_api import constants
+
+    return policy_from_flags(args, image=getattr(args, "image", None) or constants.DEFAULT_TRAINER_IMAGE)
 
 
 def _crd(args: argparse.Namespace) -> int:
@@ -45,7 +65,9 @@ def _render(args: argparse.Namespace) -> int:
     from finetune_api import constants
     from finetune_operator.render import RenderOptions, dump_yaml, render_all
 
-    rendered = render_all(load_job(args.job), RenderOptions(image=args.image, attempt=args.attempt))
+    policy = _policy(args)
+    options = RenderOptions(image=args.image, attempt=args.attempt, policy=policy)
+    rendered = render_all(load_job(args.job, policy), options)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for name, text in rendered.files.items():
@@ -62,7 +84,7 @@ def _plan(args: argparse.Namespace) -> int:
     from finetune_operator.plan import plan_job
     from finetune_operator.planreport import format_plan
 
-    job = load_job(args.job)
+    job = load_job(args.job, _policy(args))
     print(format_plan(job, plan_job(job.spec)))
     return 0
 
@@ -96,10 +118,12 @@ def build_parser() -> argparse.ArgumentParser:
     render.add_argument("--out", required=True, help="output directory")
     render.add_argument("--image", default=None, help="trainer image (default: the operator's default)")
     render.add_argument("--attempt", type=int, default=1, help="attempt number of the rendered Job")
+    add_policy_flags(render)
     render.set_defaults(func=_render)
 
     plan = sub.add_parser("plan", help="print the memory estimate and the chosen ZeRO strategy")
     plan.add_argument("job")
+    add_policy_flags(plan)
     plan.set_defaults(func=_plan)
 
     run = sub.add_parser("run", help="run the job on this machine (CPU, local GPUs, or several local nodes)")
@@ -132,6 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     op.add_argument("--metrics-port", type=int, default=9090, help="HTTP port of /metrics")
     op.add_argument("--max-concurrent-reconciles", type=int, default=16,
                     help="reconcile rounds in flight at once, over all jobs (default 16)")
+    add_policy_flags(op)
     op.set_defaults(func=_operator)
     return parser
 

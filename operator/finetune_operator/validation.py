@@ -1,13 +1,27 @@
-"""Cross-field rules on a parsed spec, all collected at once.
+"""Cross-field rules on a parsed spec, all collected at once, and the operator's pod policy.
 
 The CRD's CEL rules say most of these at `kubectl apply`; this module says them again (and the ones
 CEL cannot, such as reserved env names) so `ftjob render`, `ftjob run` and the operator reject the
-same specs with the same words. Pure: no I/O, no Kubernetes.
+same specs with the same words. The template rules that need no configuration are here too (reserved
+label keys and a toleration of every taint, with the CRD's own path and message; env Secret references,
+which CEL cannot read in free-form env entries); the ones that depend on the operator's flags are
+`finetune_operator.policy`'s, checked with the rest. Pure: no I/O, no Kubernetes.
 """
+
+from collections.abc import Callable
+
+from pydantic import BaseModel
 
 from finetune_api import constants
 from finetune_api.v1alpha1.errors import FieldError
 from finetune_api.v1alpha1.resource import FineTuneJob
+from finetune_api.v1alpha1.spec import (
+    RESERVED_LABELS_MESSAGE,
+    TOLERATE_EVERYTHING_MESSAGE,
+    FineTuneJobSpec,
+    SecretKeyRef,
+)
+from finetune_operator.policy import PodPolicy, check_pod_policy
 
 DS = "spec.distributed.deepspeed"
 
@@ -31,8 +45,62 @@ def _lookup(data: dict[str, object], path: tuple[str, ...]) -> bool:
     return True
 
 
-def check_job(job: FineTuneJob) -> list[FieldError]:
-    """Every rule a parsed job breaks; empty when it can run."""
+def declared_secret_refs(spec: FineTuneJobSpec) -> dict[tuple[str, str], str]:
+    """Every Secret key the spec names outside its template, (name, key) -> the field naming it: the Secrets
+    the job declares as its own, found by walking the model so that a new `SecretKeyRef` field counts too."""
+    found: dict[tuple[str, str], str] = {}
+
+    def walk(node: object, path: str) -> None:
+        if isinstance(node, SecretKeyRef):
+            found.setdefault((node.name, node.key), path)
+        elif isinstance(node, BaseModel):
+            for name, field in type(node).model_fields.items():
+                if path == "spec" and name == "template":
+                    continue
+                walk(getattr(node, name), f"{path}.{field.alias or name}")
+        elif isinstance(node, list):
+            for i, item in enumerate(node):
+                walk(item, f"{path}[{i}]")
+
+    walk(spec, "spec")
+    return found
+
+
+def _check_template(spec: FineTuneJobSpec, bad: Callable[[str, str], None]) -> None:
+    """The template rules that need no configuration (labels and tolerations as the CRD says them)."""
+    template = spec.template
+    if any(
+        k.startswith(constants.RESERVED_LABEL_PREFIXES) or k in constants.RESERVED_LABEL_KEYS for k in template.labels
+    ):
+        bad("spec.template.labels", RESERVED_LABELS_MESSAGE)
+    for i, toleration in enumerate(template.tolerations):
+        if not toleration.key and toleration.operator == "Exists":
+            bad(f"spec.template.tolerations[{i}]", TOLERATE_EVERYTHING_MESSAGE)
+    declared = declared_secret_refs(spec)
+    for i, env in enumerate(template.env):
+        name = env.get("name")
+        if not isinstance(name, str) or not name:
+            bad(f"spec.template.env[{i}].name", "is required")
+        elif name in constants.RESERVED_ENV_NAMES:
+            bad(
+                f"spec.template.env[{i}].name",
+                f"{name!r} is set by the operator; reserved names: {', '.join(sorted(constants.RESERVED_ENV_NAMES))}",
+            )
+        value_from = env.get("valueFrom")
+        ref = value_from.get("secretKeyRef") if isinstance(value_from, dict) else None
+        if isinstance(ref, dict):
+            wanted = (ref.get("name"), ref.get("key"))
+            if wanted not in declared:
+                own = ", ".join(f"{path}: {n}/{k}" for (n, k), path in declared.items()) or "none"
+                bad(
+                    f"spec.template.env[{i}].valueFrom.secretKeyRef",
+                    f"Secret {wanted[0]!r} key {wanted[1]!r} is not one of the job's own secret references "
+                    f"({own}); a pod reads only the Secret keys its spec names",
+                )
+
+
+def check_job(job: FineTuneJob, policy: PodPolicy | None = None) -> list[FieldError]:
+    """Every rule a parsed job breaks, the pod policy's included (default: `PodPolicy()`); empty when it can run."""
     spec = job.spec
     ds = spec.distributed.deepspeed
     errors: list[FieldError] = []
@@ -99,18 +167,7 @@ def check_job(job: FineTuneJob) -> list[FieldError]:
         bad("spec.output.checkpoints", "set exactly one of persistentVolumeClaim or emptyDir")
     elif volume.persistent_volume_claim is not None and not volume.persistent_volume_claim.get("claimName"):
         bad("spec.output.checkpoints.persistentVolumeClaim.claimName", "is required")
-    for i, env in enumerate(spec.template.env):
-        name = env.get("name")
-        if not isinstance(name, str) or not name:
-            bad(f"spec.template.env[{i}].name", "is required")
-        elif name in constants.RESERVED_ENV_NAMES:
-            bad(
-                f"spec.template.env[{i}].name",
-                f"{name!r} is set by the operator; reserved names: {', '.join(sorted(constants.RESERVED_ENV_NAMES))}",
-            )
-    overlapping = set(spec.template.labels) & {constants.LABEL_JOB_NAME, constants.LABEL_ATTEMPT}
-    if overlapping:
-        bad("spec.template.labels", f"{sorted(overlapping)} are set by the operator")
+    _check_template(spec, bad)
     if isinstance(spec.adapter.target_modules, list) and not spec.adapter.target_modules:
         bad("spec.adapter.targetModules", "must name at least one module, or be 'all-linear'")
-    return errors
+    return errors + check_pod_policy(job, policy or PodPolicy())

@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 
 from finetune_api.v1alpha1.errors import InvalidSpecError
 from finetune_api.v1alpha1.resource import FineTuneJob
-from finetune_operator.render import render_all
+from finetune_operator.render import RenderOptions, render_all
 from tests.controlplane.conftest import Cluster, wait_until
-from tests.controlplane.operator.conftest import Operator, ftj, get
+from tests.controlplane.operator.conftest import POLICY, Operator, ftj, get
 
 from .conftest import size
 
@@ -143,7 +143,7 @@ def local_verdict(obj: dict[str, Any]) -> list[str] | None:
     """What the operator's validation says about a stored FineTuneJob: the field paths it names, or None."""
     body = {k: obj[k] for k in ("apiVersion", "kind", "metadata", "spec") if k in obj}
     try:
-        render_all(FineTuneJob.from_body(body))
+        render_all(FineTuneJob.from_body(body), RenderOptions(policy=POLICY))  # the operator's pod policy
     except InvalidSpecError as exc:
         return sorted({e.path for e in exc.errors})
     return None

@@ -10,7 +10,7 @@ CASES: dict[str, dict[str, Any]] = {
     # Namespaced mode: a Role + RoleBinding and a KopfPeering in each watched namespace.
     "namespaced": {"watchNamespaces": ["team-a", "team-b"]},
     # Every optional switch flipped: no peering (one replica), a ServiceMonitor, a cert from
-    # cert-manager, no aggregated roles, extra flags, scheduling knobs.
+    # cert-manager, no aggregated roles, extra flags, scheduling knobs, a looser pod policy.
     "features": {
         "replicas": 1,
         "peering": {"enabled": False},
@@ -26,5 +26,11 @@ CASES: dict[str, dict[str, Any]] = {
         "tolerations": [{"key": "CriticalAddonsOnly", "operator": "Exists"}],
         "priorityClassName": "system-cluster-critical",
         "podAnnotations": {"example.com/team": "ml-platform"},
+        "podPolicy": {
+            "allowedImages": ["registry.example.com/ml/"],
+            "allowedServiceAccounts": ["default", "trainer"],
+            "allowedTolerations": ["nvidia.com/gpu", "dedicated"],
+            "securityLevel": "baseline",
+        },
     },
 }

@@ -127,8 +127,10 @@ def chart_operators(
     install: Any, cluster: Cluster, namespace: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> Iterator[list[ChartOperator]]:
     """Replicas of the chart's operator (namespaced mode, peering on), as many as `replicas` values says."""
-    # verbose: kopf logs peering and handler lines at INFO, which the tests read.
-    release = install(namespace, {"watchNamespaces": [namespace], "verbose": True})
+    # verbose: kopf logs peering and handler lines at INFO, which the tests read; the pod policy lets the test jobs
+    # carry the KWOK annotations that say how their pods run.
+    release = install(namespace, {"watchNamespaces": [namespace], "verbose": True,
+                                  "podPolicy": {"allowedAnnotationPrefixes": ["kwok.finetune.dev/"]}})
     deployment = json.loads(cluster.kubectl("-n", namespace, "get", "deployment", release.fullname,
                                             "-o", "json").stdout)
     secret = json.loads(cluster.kubectl("-n", namespace, "get", "secret", f"{release.fullname}-progress-tls",

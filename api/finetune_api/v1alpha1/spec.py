@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, WithJsonSchema
 
+from finetune_api import constants
 from finetune_api.v1alpha1.base import ApiModel, cel, with_cel_rules
 
 Dtype = Literal["bfloat16", "float16", "float32"]
@@ -280,20 +281,113 @@ class RunPolicy(ApiModel):
     suspend: bool = Field(default=False, description="Stop the pods (checkpoints are kept). Default: false.")
 
 
-class PodTemplate(ApiModel):
-    """Pod-level knobs for the trainer pods."""
+def _reserved_label(key: str) -> str:
+    """CEL: `key` is a label key the operator or the Job controller sets (constants.RESERVED_LABEL_*)."""
+    prefixes = [f"{key}.startsWith('{p}')" for p in constants.RESERVED_LABEL_PREFIXES]
+    exact = ", ".join(f"'{k}'" for k in constants.RESERVED_LABEL_KEYS)
+    return "(" + " || ".join([*prefixes, f"{key} in [{exact}]"]) + ")"
 
-    image: str | None = Field(default=None, max_length=512, description="Trainer image. Default: the operator's.")
-    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = Field(default=None, description="")
+
+RESERVED_LABELS_MESSAGE = (
+    f"label keys under {' or '.join(constants.RESERVED_LABEL_PREFIXES)} and the keys "
+    f"{', '.join(constants.RESERVED_LABEL_KEYS)} are reserved for the operator and the Job controller"
+)
+"""`spec.template.labels`: the CEL rule's message and `finetune_operator.validation`'s, word for word."""
+PodLabels = Annotated[
+    dict[str, str],
+    WithJsonSchema(
+        {
+            "type": "object",
+            "additionalProperties": {"type": "string"},
+            "x-kubernetes-validations": [cel(f"self.all(k, !{_reserved_label('k')})", RESERVED_LABELS_MESSAGE)],
+        }
+    ),
+]
+
+TOLERATE_EVERYTHING_MESSAGE = (
+    "an empty key with operator Exists tolerates every taint (control-plane and node-problem taints "
+    "included); name the taint's key"
+)
+"""`spec.template.tolerations[i]`: the CEL rule's message and `finetune_operator.validation`'s, word for word."""
+
+
+class Toleration(ApiModel):
+    """A pod toleration (core/v1 Toleration)."""
+
+    # Typed (not free-form) so that CEL can read it; `operator` and `effect` stay strings, whose values the
+    # API server checks when it creates the Job.
+
+    model_config = with_cel_rules(
+        cel(
+            "(has(self.key) && self.key != '') || !has(self.operator) || self.operator != 'Exists'",
+            TOLERATE_EVERYTHING_MESSAGE,
+        ),
+    )
+
+    key: str | None = Field(default=None, max_length=317, description="Taint key (required by the pod policy).")
+    operator: str | None = Field(default=None, max_length=16, description="Exists or Equal. Default: Equal.")
+    value: str | None = Field(default=None, max_length=63, description="Taint value, with operator Equal.")
+    effect: str | None = Field(
+        default=None, max_length=32, description="NoSchedule, PreferNoSchedule or NoExecute. Default: all effects."
+    )
+    toleration_seconds: int | None = Field(default=None, description="How long a NoExecute taint is tolerated.")
+
+
+class PodTemplate(ApiModel):
+    """Pod-level knobs for the trainer pods, within the operator's pod policy.
+
+    Whoever may create a FineTuneJob gets pods created by the operator, so the operator's pod policy
+    (`ftjob operator --allowed-*` flags, the chart's `podPolicy` values) decides which images, ServiceAccounts,
+    priority classes, annotations, labels, tolerations and securityContext values a template may ask for.
+    """
+
+    image: str | None = Field(
+        default=None,
+        max_length=512,
+        description="Trainer image; the pod policy's allowed images only. Default: the operator's.",
+    )
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = Field(
+        default=None, description="Image pull policy. Default: Kubernetes' (IfNotPresent for tagged images)."
+    )
     resources: FreeForm = Field(default_factory=dict, description="Container resources; GPUs are set from the spec.")
     node_selector: dict[str, str] = Field(default_factory=dict, description="Node selector.")
-    tolerations: list[FreeForm] = Field(default_factory=list, max_length=64, description="Tolerations.")
+    tolerations: list[Toleration] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Tolerations; keys from the pod policy's allowed tolerations, never an empty key with Exists.",
+    )
     affinity: FreeForm | None = Field(default=None, description="Affinity.")
-    priority_class_name: str | None = Field(default=None, max_length=253, description="PriorityClass.")
-    labels: dict[str, str] = Field(default_factory=dict, description="Extra pod labels.")
-    annotations: dict[str, str] = Field(default_factory=dict, description="Extra pod annotations.")
-    env: list[FreeForm] = Field(default_factory=list, max_length=128, description="Extra container env vars.")
-    service_account_name: str | None = Field(default=None, max_length=253, description="Pod ServiceAccount.")
+    priority_class_name: str | None = Field(
+        default=None,
+        max_length=253,
+        description="PriorityClass; system-* classes only where the pod policy names them.",
+    )
+    labels: PodLabels = Field(
+        default_factory=dict,
+        description="Extra pod labels; keys under the pod policy's allowed label prefixes, none reserved.",
+    )
+    annotations: dict[str, str] = Field(
+        default_factory=dict,
+        description="Extra pod annotations; keys under the pod policy's allowed annotation prefixes.",
+    )
+    env: list[FreeForm] = Field(
+        default_factory=list,
+        max_length=128,
+        description="Extra container env vars; a secretKeyRef only to a Secret key the spec names elsewhere.",
+    )
+    service_account_name: str | None = Field(
+        default=None,
+        max_length=253,
+        description="Pod ServiceAccount; the pod policy's allowed ones only. Default: the namespace's default.",
+    )
+    security_context: FreeForm | None = Field(
+        default=None,
+        description=(
+            "Trainer container securityContext, merged key by key over the operator's (non-root uid 65532, no "
+            "privilege escalation, no capabilities, RuntimeDefault seccomp, read-only root filesystem); values "
+            "looser than the pod policy's security level (default: restricted) are refused."
+        ),
+    )
     shm_size: Quantity = Field(default="64Gi", description="Size of the memory-backed /dev/shm. Default: 64Gi.")
 
 

@@ -96,7 +96,20 @@ app.kubernetes.io/part-of: finetune-operator
 {{- if .Values.verbose }}
 - --verbose
 {{- end }}
+{{- include "finetune-operator.podPolicyArgs" . }}
 {{- range .Values.extraArgs }}
 - {{ . }}
 {{- end }}
+{{- end }}
+
+{{/* The pod policy's flags (values podPolicy): each list item one repeatable flag; none keeps the default. */}}
+{{- define "finetune-operator.podPolicyArgs" -}}
+{{- $flags := dict "allowedImages" "--allowed-image" "allowedServiceAccounts" "--allowed-service-account" "allowedPriorityClasses" "--allowed-priority-class" "allowedAnnotationPrefixes" "--allowed-annotation-prefix" "allowedLabelPrefixes" "--allowed-label-prefix" "allowedTolerations" "--allowed-toleration" }}
+{{- $policy := .Values.podPolicy | default dict }}
+{{- range $key := keys $flags | sortAlpha }}
+{{- range (get $policy $key | default list) }}
+- {{ printf "%s=%s" (get $flags $key) . | quote }}
+{{- end }}
+{{- end }}
+- --pod-security-level={{ $policy.securityLevel | default "restricted" }}
 {{- end }}

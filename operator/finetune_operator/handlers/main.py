@@ -15,6 +15,7 @@ import kopf
 
 from finetune_api import constants
 from finetune_operator.handlers.state import OperatorConfig
+from finetune_operator.policy import policy_from_flags
 from finetune_operator.progress.tls import ensure_pair
 
 
@@ -24,8 +25,10 @@ def build_config(args: argparse.Namespace) -> OperatorConfig:
     hosts = tuple(dict.fromkeys([*(args.progress_host or ()), *([url_host] if url_host else []), "localhost"]))
     cert, key, self_signed = ensure_pair(args.progress_cert, args.progress_key, list(hosts))
     ca_file = args.progress_ca or (cert if self_signed else None)
+    image = getattr(args, "image", None) or constants.DEFAULT_TRAINER_IMAGE
     return OperatorConfig(
-        image=getattr(args, "image", None) or constants.DEFAULT_TRAINER_IMAGE,
+        image=image,
+        policy=policy_from_flags(args, image=image),
         progress_url=args.progress_url,
         progress_port=args.progress_port,
         progress_cert=cert,

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from finetune_operator.handlers.kube import Kube
+from finetune_operator.policy import PodPolicy
 from finetune_operator.progress.auth import Authenticator
 from finetune_operator.render import RenderOptions
 from finetune_operator.render.cache import RenderCache
@@ -24,6 +25,8 @@ class OperatorConfig:
     """Flags of `ftjob operator` that the handlers need."""
 
     image: str
+    policy: PodPolicy = field(default_factory=PodPolicy)
+    """What a job's spec.template may ask for (the `--allowed-*` and `--pod-security-level` flags)."""
     progress_url: str | None = None
     progress_port: int = 8443
     progress_cert: str | None = None
@@ -43,11 +46,11 @@ class OperatorConfig:
     clusterwide: bool = True
 
     def render_options(self, namespace: str, name: str) -> RenderOptions:
-        """What this deployment adds to every job: image, and the job's own progress URL and CA."""
+        """What this deployment adds to every job: image, pod policy, and the job's own progress URL and CA."""
         url = None
         if self.progress_url:
             url = f"{self.progress_url.rstrip('/')}/v1/namespaces/{namespace}/finetunejobs/{name}/progress"
-        return RenderOptions(image=self.image, progress_url=url, progress_ca=self.progress_ca)
+        return RenderOptions(image=self.image, policy=self.policy, progress_url=url, progress_ca=self.progress_ca)
 
 
 @dataclass

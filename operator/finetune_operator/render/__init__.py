@@ -1,13 +1,14 @@
 """Pure renderers: a FineTuneJob in, every file and manifest of its run out. No I/O, no kopf.
 
 `render_all` is the one entry point the handlers, `ftjob render` and `ftjob run` call, which is why
-the ConfigMap and `ftjob render` match byte for byte. Order: validate -> plan -> topology ->
-deepspeed.json -> accelerate.yaml -> trainer.json -> node command -> ConfigMap, Service, Job.
+the ConfigMap and `ftjob render` match byte for byte. Order: validate (the spec's rules and the
+options' pod policy) -> plan -> topology -> deepspeed.json -> accelerate.yaml -> trainer.json ->
+node command -> ConfigMap, Service, Job.
 """
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
@@ -17,6 +18,7 @@ from finetune_api.trainer_input import TrainerConfig
 from finetune_api.v1alpha1.errors import InvalidSpecError
 from finetune_api.v1alpha1.resource import FineTuneJob
 from finetune_operator.plan import Plan, plan_job
+from finetune_operator.policy import PodPolicy
 from finetune_operator.render import names
 from finetune_operator.render.accelerate import render_accelerate
 from finetune_operator.render.command import render_node_command
@@ -32,6 +34,8 @@ class RenderOptions:
     """Inputs that come from the operator's deployment, not the job."""
 
     image: str = constants.DEFAULT_TRAINER_IMAGE
+    policy: PodPolicy = field(default_factory=PodPolicy)
+    """What `spec.template` may ask for (`ftjob operator` flags); a job beyond it is an InvalidSpecError."""
     progress_url: str | None = None
     progress_ca: str | None = None  # PEM the trainer pins for progress_url (put in the ConfigMap)
     attempt: int = 1
@@ -101,7 +105,7 @@ def render_files(
 def render_all(job: FineTuneJob, options: RenderOptions | None = None) -> Rendered:
     """Validate, plan and render one job; raise InvalidSpecError listing every problem."""
     options = options or RenderOptions()
-    errors = check_job(job)
+    errors = check_job(job, options.policy)
     if errors:
         raise InvalidSpecError(errors)
     plan = plan_job(job.spec)
@@ -151,7 +155,8 @@ def render_all(job: FineTuneJob, options: RenderOptions | None = None) -> Render
 
 
 def render_or_errors(job: FineTuneJob, options: RenderOptions | None = None) -> Rendered | InvalidSpecError:
-    """`render_all` with its InvalidSpecError as a value (the plan does not depend on the render options)."""
+    """`render_all` with its InvalidSpecError as a value (the plan does not depend on the render options; whether
+    the job is valid does, through the pod policy)."""
     try:
         return render_all(job, options)
     except InvalidSpecError as exc:

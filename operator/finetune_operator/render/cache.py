@@ -3,7 +3,7 @@
 A job is reconciled on every event of its children (Job created, pods scheduled, ready, ...), and
 rendering was 13% of the operator's CPU in a 100-job burst, yet its output only changes with the
 job's spec (its generation), its labels (the Kueue queue label reaches the Job), its uid (owner of
-the children) and the render options (attempt, image, progress URL). Those are the key. Entries
+the children) and the render options (attempt, image, progress URL, pod policy). Those are the key. Entries
 are shared, so callers must not mutate what they get (`reconcile` builds new dicts around them).
 """
 

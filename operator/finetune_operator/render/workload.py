@@ -2,8 +2,16 @@
 
 Plain dicts, no client objects: the handlers add owner references and apply them. Every child has
 the job-name label; the Job and its pods also carry the attempt label.
+
+The trainer pod passes Pod Security `restricted` as rendered: it runs as the trainer image's non-root
+uid, without privilege escalation or capabilities, under the runtime's default seccomp profile, with a
+read-only root filesystem and disk-backed emptyDirs where the trainer writes (/tmp, and HOME's .cache,
+which holds the Hub cache, DeepSpeed's built ops and the Triton and CUDA caches; Dockerfile, target
+`trainer`). `spec.template.securityContext` is merged over the container's key by key, as far as the
+operator's pod policy allows (`finetune_operator.policy`, checked before rendering).
 """
 
+import copy
 from typing import Any
 
 from finetune_api import constants
@@ -13,6 +21,22 @@ from finetune_operator.render.topology import Topology
 
 TERMINATION_GRACE_SECONDS = 300  # time for the trainer to write a checkpoint on SIGTERM
 PROGRESS_TOKEN_TTL_SECONDS = 3600
+POD_SECURITY_CONTEXT: dict[str, Any] = {
+    "runAsNonRoot": True,
+    "runAsUser": constants.TRAINER_UID,
+    "runAsGroup": constants.TRAINER_UID,
+    # The checkpoint PVC's files become the trainer's group; only when its root differs (large volumes).
+    "fsGroup": constants.TRAINER_UID,
+    "fsGroupChangePolicy": "OnRootMismatch",
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+CONTAINER_SECURITY_CONTEXT: dict[str, Any] = {
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "capabilities": {"drop": ["ALL"]},
+}
+WRITABLE_DIRS = {"tmp": constants.TMP_MOUNT, "cache": constants.TRAINER_CACHE_MOUNT}
+"""emptyDir volume name -> mount path: where the trainer writes besides checkpoints and /dev/shm."""
 
 
 def render_config_map(job: FineTuneJob, files: dict[str, str]) -> dict[str, Any]:
@@ -96,11 +120,13 @@ def render_pod_template(
         {"name": "config", "mountPath": constants.CONFIG_MOUNT, "readOnly": True},
         {"name": "checkpoints", "mountPath": constants.CHECKPOINT_MOUNT},
         {"name": "dshm", "mountPath": constants.SHM_MOUNT},
+        *({"name": name, "mountPath": path} for name, path in WRITABLE_DIRS.items()),
     ]
     volumes: list[dict[str, Any]] = [
         {"name": "config", "configMap": {"name": names.config_map_name(job)}},
         _checkpoint_volume(job),
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": template.shm_size}},
+        *({"name": name, "emptyDir": {}} for name in WRITABLE_DIRS),
     ]
     if progress_url:
         token_path = f"{constants.PROGRESS_TOKEN_MOUNT}/{constants.PROGRESS_TOKEN_FILE}"
@@ -138,6 +164,7 @@ def render_pod_template(
         "volumeMounts": mounts,
         "resources": _resources(job),
         "ports": [{"name": "rendezvous", "containerPort": job.spec.distributed.rendezvous.port}],
+        "securityContext": copy.deepcopy({**CONTAINER_SECURITY_CONTEXT, **(template.security_context or {})}),
     }
     if template.image_pull_policy:
         container["imagePullPolicy"] = template.image_pull_policy
@@ -145,12 +172,13 @@ def render_pod_template(
         "restartPolicy": "Never",
         "subdomain": names.service_name(job),
         "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
+        "securityContext": copy.deepcopy(POD_SECURITY_CONTEXT),
         "containers": [container],
         "volumes": volumes,
     }
     optional = {
         "nodeSelector": dict(template.node_selector) or None,
-        "tolerations": [dict(t) for t in template.tolerations] or None,
+        "tolerations": [t.to_dict(exclude_none=True) for t in template.tolerations] or None,
         "affinity": template.affinity,
         "priorityClassName": template.priority_class_name,
         "serviceAccountName": template.service_account_name,

@@ -25,10 +25,18 @@ from typing import Any
 import pytest
 import yaml
 
+from finetune_api.constants import DEFAULT_TRAINER_IMAGE
+from finetune_operator.cli import build_parser
+from finetune_operator.policy import policy_from_flags
+
 from ..conftest import REPO, Cluster, wait_until
 
 FTJOB = Path(sys.executable).parent / "ftjob"
 KWOK = "kwok.finetune.dev"
+POLICY_FLAGS = (f"--allowed-annotation-prefix={KWOK}/",)
+"""The operator's pod-policy flags here: the defaults, plus the KWOK annotations that say how a test pod runs."""
+POLICY = policy_from_flags(build_parser().parse_args(["operator", *POLICY_FLAGS]), image=DEFAULT_TRAINER_IMAGE)
+"""The same policy, for rendering a job here as the operator does."""
 
 
 def free_port() -> int:
@@ -55,12 +63,13 @@ class Operator:
     metrics_port: int = field(default_factory=free_port)
     liveness_port: int = field(default_factory=free_port)
     mode: tuple[str, ...] = ("--standalone",)
+    policy: tuple[str, ...] = POLICY_FLAGS
     proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         """Start it and wait until kopf's liveness endpoint answers (startup handlers done)."""
         args = [
-            str(FTJOB), "operator", *self.mode, "--namespace", self.namespace, "--verbose",
+            str(FTJOB), "operator", *self.mode, *self.policy, "--namespace", self.namespace, "--verbose",
             "--liveness", f"http://127.0.0.1:{self.liveness_port}/healthz",
             "--progress-port", str(self.progress_port), "--metrics-port", str(self.metrics_port),
             "--progress-url", f"https://127.0.0.1:{self.progress_port}",

@@ -6,7 +6,7 @@ from finetune_api.v1alpha1.resource import FineTuneJob
 from finetune_operator.render import RenderOptions, render_all
 
 from ..conftest import Cluster, wait_until
-from .conftest import Operator, apply, condition, events, ftj, get, items, status, wait_phase
+from .conftest import POLICY, Operator, apply, condition, events, ftj, get, items, status, wait_phase
 
 CHILD = "finetune.dev/job-name=demo"
 
@@ -22,9 +22,10 @@ def test_example_runs_to_success_with_the_rendered_children(cluster: Cluster, na
     config_map = get(cluster, namespace, "configmap", "demo-config")
     url = f"https://127.0.0.1:{operator.progress_port}/v1/namespaces/{namespace}/finetunejobs/demo/progress"
     ca = config_map["data"]["progress-ca.crt"]
-    rendered = render_all(applied, RenderOptions(progress_url=url, progress_ca=ca))
+    rendered = render_all(applied, RenderOptions(progress_url=url, progress_ca=ca, policy=POLICY))
     assert config_map["data"] == rendered.files
-    assert rendered.files.keys() - {"progress-ca.crt"} == render_all(applied).files.keys()  # = ftjob render
+    local = render_all(applied, RenderOptions(policy=POLICY))  # = ftjob render with the operator's pod policy
+    assert rendered.files.keys() - {"progress-ca.crt"} == local.files.keys()
     service = get(cluster, namespace, "service", "demo")
     assert (service["spec"]["clusterIP"], service["spec"]["publishNotReadyAddresses"]) == ("None", True)
     (job,) = items(cluster, namespace, "jobs", CHILD)
@@ -91,7 +92,7 @@ def test_deleting_a_job_removes_every_child(cluster: Cluster, namespace: str, op
 def test_a_child_the_api_server_rejects_fails_the_job_and_leaves_no_child(cluster: Cluster, namespace: str,
                                                                          operator: Operator) -> None:
     body = ftj("tiny-cpu")
-    body["spec"]["template"]["tolerations"] = [{"key": "gpu", "operator": "Sometimes"}]  # free-form to us
+    body["spec"]["template"]["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Sometimes"}]  # a str to us
     apply(cluster, namespace, body)
     st = wait_phase(cluster, namespace, "Failed", timeout=20)
     assert condition(st, "Failed")["reason"] == "InvalidSpec" and "tolerations" in st["message"]

@@ -1,0 +1,86 @@
+"""The chart's `podPolicy` values become `ftjob operator` flags, and those flags the policy the values say.
+
+Read end to end: values -> `helm template` -> the Deployment's args -> the operator's own argument
+parser -> `PodPolicy`. Empty lists keep the operator's defaults (the trainer image's repository for
+images), `[""]` empties a list, and the schema refuses a security level that does not exist.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from finetune_operator.cli import build_parser
+from finetune_operator.policy import PodPolicy, policy_from_flags
+
+from .conftest import Helm, documents, find
+
+
+def policy_of(helm: Helm, values: dict[str, Any]) -> PodPolicy:
+    (deployment,) = find(documents(helm.template(values=values)), "Deployment")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    args = build_parser().parse_args(["operator", *container["args"]])
+    return policy_from_flags(args, image=args.image)
+
+
+CASES: list[tuple[str, dict[str, Any], PodPolicy]] = [
+    (
+        "the default values give the operator's default policy for the chart's trainer image",
+        {},
+        PodPolicy(allowed_images=("ghcr.io/finetune-operator/trainer",)),
+    ),
+    (
+        "the allowed images follow trainer.image when podPolicy names none",
+        {"trainer": {"image": "localhost/finetune-operator/trainer:dev"}},
+        PodPolicy(allowed_images=("localhost/finetune-operator/trainer",)),
+    ),
+    (
+        "every list and the security level reach the operator",
+        {
+            "podPolicy": {
+                "allowedImages": ["registry.example.com/ml/", "ghcr.io/finetune-operator/trainer"],
+                "allowedServiceAccounts": ["default", "trainer"],
+                "allowedPriorityClasses": ["*", "system-cluster-critical"],
+                "allowedAnnotationPrefixes": ["prometheus.io/"],
+                "allowedLabelPrefixes": ["team.example.com/"],
+                "allowedTolerations": ["nvidia.com/gpu", "dedicated"],
+                "securityLevel": "baseline",
+            }
+        },
+        PodPolicy(
+            allowed_images=("registry.example.com/ml/", "ghcr.io/finetune-operator/trainer"),
+            allowed_service_accounts=("default", "trainer"),
+            allowed_priority_classes=("*", "system-cluster-critical"),
+            allowed_annotation_prefixes=("prometheus.io/",),
+            allowed_label_prefixes=("team.example.com/",),
+            allowed_tolerations=("nvidia.com/gpu", "dedicated"),
+            security_level="baseline",
+        ),
+    ),
+    (
+        "a list of one empty string allows nothing",
+        {"podPolicy": {"allowedServiceAccounts": [""], "allowedTolerations": [""]}},
+        PodPolicy(
+            allowed_images=("ghcr.io/finetune-operator/trainer",), allowed_service_accounts=(), allowed_tolerations=()
+        ),
+    ),
+]
+
+
+@pytest.mark.parametrize(("values", "policy"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_values_become_the_operators_policy(helm: Helm, values: dict[str, Any], policy: PodPolicy) -> None:
+    assert policy_of(helm, values) == policy
+
+
+def test_extra_args_still_come_last(helm: Helm) -> None:
+    (deployment,) = find(documents(helm.template(values={"extraArgs": ["--allowed-image=*"]})), "Deployment")
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[-2:] == ["--pod-security-level=restricted", "--allowed-image=*"]
+
+
+def test_the_schema_refuses_an_unknown_security_level(helm: Helm) -> None:
+    with pytest.raises(AssertionError) as failure:
+        helm.template(values={"podPolicy": {"securityLevel": "root"}})
+    assert "values don't meet the specifications of the schema" in str(failure.value)
+    assert "securityLevel" in str(failure.value)
