@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Stop the local control plane started by up.sh: each process by the pid in
 # .cluster/pids/<name>.pid (never by name): the apiserver's clients, then kube-apiserver, then
-# etcd; SIGTERM, then SIGKILL after 10 s.
+# etcd; SIGTERM, then SIGKILL after 10 s. A real node of this cluster (node-up.sh) is removed
+# first; the host-only bridge goes when no other cluster uses it (hostnet.sh).
 #
 #   hack/cluster/down.sh            stop; keep .cluster/ (logs, pki, etcd data)
 #   hack/cluster/down.sh --purge    stop and delete .cluster/
@@ -10,6 +11,10 @@ set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
 D=${FTJOB_CLUSTER_DIR:-$REPO/.cluster}
+# shellcheck source=network.env
+. "$HERE/network.env"
+# shellcheck source=hostnet.sh
+. "$HERE/hostnet.sh"
 
 log() { printf '[down.sh %s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 
@@ -48,10 +53,15 @@ stop() {  # stop NAME...: SIGTERM them together, wait up to 10 s, then SIGKILL w
   done
 }
 
+# A real node of this cluster first, while the apiserver can still take its Node object away.
+if [[ -e $D/node/node.env || -e $D/node/pids ]]; then
+  FTJOB_CLUSTER_DIR=$D "$HERE/node-down.sh"
+fi
 # Clients of the apiserver first (together), then the apiserver, then etcd.
 stop kueue kwok kube-scheduler kube-controller-manager
 stop kube-apiserver
 stop etcd
+hostnet_down
 if [[ ${1:-} == --purge ]]; then
   log "deleting $D"
   rm -rf "$D"

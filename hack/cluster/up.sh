@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
 # Start the local control plane: etcd, kube-apiserver, kube-controller-manager, kube-scheduler and
-# KWOK with fake GPU nodes, all on 127.0.0.1, and wait until it is ready.
+# KWOK with fake GPU nodes, all as host processes, and wait until it is ready.
+#
+# Everything listens on 127.0.0.1, except kube-apiserver when run as root: it then listens on
+# APISERVER_ADDR (network.env, 172.31.255.1) on a host-only bridge (hostnet.sh) and advertises that
+# address (lease endpoint reconciler), so pods on the real node (node-up.sh) reach it through the
+# `kubernetes` Service. The kubeconfig names whichever address is used.
 #
 #   hack/cluster/up.sh        (or: make cluster-up)
 #   export KUBECONFIG=$PWD/.cluster/kubeconfig
 #
 # Environment (all optional):
 #   FTJOB_CLUSTER_DIR       state directory (default <repo>/.cluster): kubeconfig, pki/, etcd/,
-#                           logs/<name>.log, pids/<name>.pid, ports.env
+#                           logs/<name>.log, pids/<name>.pid, ports.env (ports and APISERVER_HOST)
 #   FTJOB_NODES             number of fake GPU nodes (default 4)
 #   FTJOB_GPUS_PER_NODE     nvidia.com/gpu per node (default 8)
 #   FTJOB_NODE_CPU / FTJOB_NODE_MEMORY / FTJOB_NODE_PODS   node capacity (96 / 1Ti / 110)
@@ -23,6 +28,10 @@ set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
+# shellcheck source=network.env
+. "$HERE/network.env"
+# shellcheck source=hostnet.sh
+. "$HERE/hostnet.sh"
 BIN=$("$HERE/build.sh" --print-bin)
 D=${FTJOB_CLUSTER_DIR:-$REPO/.cluster}
 NODES=${FTJOB_NODES:-4}
@@ -40,7 +49,7 @@ for b in etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok
 done
 KUBECTL=("$BIN/kubectl" --kubeconfig "$D/kubeconfig")
 
-port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+port_busy() { (exec 3<>"/dev/tcp/${2:-127.0.0.1}/$1") 2>/dev/null; }  # port_busy PORT [ADDR]
 # Below the kernel's ephemeral range: a port picked there can be taken by any outgoing connection
 # before the component binds it (seen: kube-scheduler "address already in use").
 EPHEMERAL_LOW=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
@@ -58,7 +67,7 @@ alive() { [[ -f $D/pids/$1.pid ]] && kill -0 "$(cat "$D/pids/$1.pid")" 2>/dev/nu
 start() {  # start NAME ARGS... : run $BIN/NAME detached, pid in pids/NAME.pid, log in logs/NAME.log
   local name=$1; shift
   log "starting $name"
-  setsid "$BIN/$name" "$@" >"$D/logs/$name.log" 2>&1 </dev/null &
+  setsid "$BIN/$name" "$@" >"$D/logs/$name.log" 2>&1 </dev/null 9>&- &  # 9: hostnet.sh's lock
   echo $! >"$D/pids/$name.pid"
 }
 
@@ -88,7 +97,17 @@ fi
 t0=$SECONDS
 mkdir -p "$D/pki" "$D/logs" "$D/pids"
 [[ ${FTJOB_KEEP_DATA:-0} == 1 ]] || rm -rf "$D/etcd"
-"$BIN/ftjob-pki" -dir "$D/pki"
+
+# The apiserver's address: APISERVER_ADDR on the host-only bridge when we may create it (root),
+# else loopback, where pods of a real node cannot reach it (node-up.sh then refuses).
+if hostnet_up; then
+  API_HOST=$APISERVER_ADDR
+else
+  API_HOST=127.0.0.1
+  log "not root or no bridge: kube-apiserver on 127.0.0.1 only (a real node cannot join this cluster)"
+fi
+
+"$BIN/ftjob-pki" -dir "$D/pki" -apiserver-ip "$KUBERNETES_SERVICE_IP" -apiserver-ip "$API_HOST"
 P=$D/pki
 
 ETCD_PORT=${FTJOB_ETCD_PORT:-$(free_port)}
@@ -99,7 +118,9 @@ SCHED_PORT=${FTJOB_SCHEDULER_PORT:-$(free_port)}
 for p in "$ETCD_PORT" "$ETCD_PEER_PORT" "$API_PORT" "$KCM_PORT" "$SCHED_PORT"; do
   port_busy "$p" && die "port $p is in use"
 done
+port_busy "$API_PORT" "$API_HOST" && die "port $API_HOST:$API_PORT is in use"
 cat >"$D/ports.env" <<EOF
+APISERVER_HOST=$API_HOST
 ETCD_PORT=$ETCD_PORT
 ETCD_PEER_PORT=$ETCD_PEER_PORT
 APISERVER_PORT=$API_PORT
@@ -115,7 +136,7 @@ kind: Config
 clusters:
 - name: ftjob-local
   cluster:
-    server: https://127.0.0.1:$API_PORT
+    server: https://$API_HOST:$API_PORT
     certificate-authority-data: $(b64 "$P/ca.crt")
 users:
 - name: $3
@@ -145,21 +166,26 @@ wait_for "etcd /health" etcd port_busy "$ETCD_PORT"
 # --- kube-apiserver --------------------------------------------------------------------------
 start kube-apiserver \
   --etcd-servers="http://127.0.0.1:$ETCD_PORT" \
-  --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="$API_PORT" \
+  --bind-address="$API_HOST" --advertise-address="$API_HOST" --secure-port="$API_PORT" \
   --tls-cert-file="$P/apiserver.crt" --tls-private-key-file="$P/apiserver.key" \
   --client-ca-file="$P/ca.crt" \
+  --kubelet-client-certificate="$P/apiserver-kubelet-client.crt" \
+  --kubelet-client-key="$P/apiserver-kubelet-client.key" \
+  --kubelet-certificate-authority="$P/ca.crt" \
+  --kubelet-preferred-address-types=InternalIP,Hostname \
   --authorization-mode=Node,RBAC \
   --enable-admission-plugins=NodeRestriction \
   --service-account-issuer=https://kubernetes.default.svc.cluster.local \
   --service-account-key-file="$P/sa.pub" --service-account-signing-key-file="$P/sa.key" \
-  --service-cluster-ip-range=10.0.0.0/24 \
-  --endpoint-reconciler-type=none \
+  --service-cluster-ip-range="$SERVICE_CIDR" \
+  --endpoint-reconciler-type="$([[ $API_HOST == 127.0.0.1 ]] && echo none || echo lease)" \
   --allow-privileged=true \
   --default-not-ready-toleration-seconds="$TOLERATION" \
   --default-unreachable-toleration-seconds="$TOLERATION" \
   --max-requests-inflight=1000 --max-mutating-requests-inflight=500 \
   --profiling="${FTJOB_APISERVER_PROFILING:-false}"
 wait_for "kube-apiserver /readyz" kube-apiserver "${KUBECTL[@]}" get --raw /readyz
+hostnet_unlock  # our apiserver listens on the bridge now; down.sh of another cluster will see it
 
 # --- kube-controller-manager -----------------------------------------------------------------
 KCM_KC=$P/kube-controller-manager.kubeconfig
@@ -236,5 +262,5 @@ wait_for "$NODES nodes Ready" kwok nodes_ready
 # the ServiceAccount admission plugin needs before any pod in a namespace can be created.
 wait_for "default ServiceAccount" kube-controller-manager "${KUBECTL[@]}" -n default get serviceaccount default
 
-log "cluster ready in $((SECONDS - t0))s: $NODES nodes x $GPUS nvidia.com/gpu; API https://127.0.0.1:$API_PORT"
+log "cluster ready in $((SECONDS - t0))s: $NODES nodes x $GPUS nvidia.com/gpu; API https://$API_HOST:$API_PORT"
 log "export KUBECONFIG=$D/kubeconfig"

@@ -17,10 +17,11 @@ import yaml
 
 
 class ApiProxy:
-    """Forward 127.0.0.1:<port> to 127.0.0.1:<target>; `cut()` drops every open connection."""
+    """Forward 127.0.0.1:<port> to <target_host>:<target>; `cut()` drops every open connection."""
 
-    def __init__(self, target_port: int) -> None:
+    def __init__(self, target_port: int, target_host: str = "127.0.0.1") -> None:
         self.target_port = target_port
+        self.target_host = target_host
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = int(self.listener.getsockname()[1])
         self.lock = threading.Lock()
@@ -36,7 +37,7 @@ class ApiProxy:
             except OSError:
                 return
             try:
-                upstream = socket.create_connection(("127.0.0.1", self.target_port), timeout=10)
+                upstream = socket.create_connection((self.target_host, self.target_port), timeout=10)
             except OSError:
                 client.close()
                 continue

@@ -28,15 +28,16 @@ pytestmark = pytest.mark.controlplane
 WATCHED_KINDS = 5  # finetunejobs, jobs, pods, configmaps, services: one stream (connection) each
 
 
-def apiserver_port(kubeconfig: Path) -> int:
-    server = yaml.safe_load(kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
-    return int(urlparse(server).port or 443)
+def apiserver_address(kubeconfig: Path) -> tuple[int, str]:
+    """(port, host) of the kubeconfig's server (127.0.0.1, or up.sh's host-only address as root)."""
+    server = urlparse(yaml.safe_load(kubeconfig.read_text())["clusters"][0]["cluster"]["server"])
+    return int(server.port or 443), server.hostname or "127.0.0.1"
 
 
 def test_operator_recovers_when_its_watch_connections_drop(
     cluster: Cluster, crd: None, namespace: str, tmp_path: Path
 ) -> None:
-    proxy = ApiProxy(apiserver_port(cluster.kubeconfig))
+    proxy = ApiProxy(*apiserver_address(cluster.kubeconfig))
     proxied = Cluster(kubeconfig=proxy.kubeconfig(cluster.kubeconfig, tmp_path / "kubeconfig"), bin_dir=cluster.bin_dir)
     op = Operator(proxied, namespace, tmp_path / "operator.log")
     op.start()

@@ -1,14 +1,26 @@
 // Command ftjob-pki writes the certificates and keys of the local test control plane, using
-// only the Go standard library (so a fresh machine needs nothing but Go):
+// only the Go standard library (so a fresh machine needs nothing but Go).
+//
+// Without -ca it writes the control plane's set into -dir (hack/cluster/up.sh):
 //
 //	ca.{crt,key}                        cluster CA (client-ca-file, root-ca-file, CSR signer)
-//	apiserver.{crt,key}                 serving cert for 127.0.0.1, localhost, kubernetes.default.svc…
+//	apiserver.{crt,key}                 serving cert for 127.0.0.1, every -apiserver-ip (up.sh: the
+//	                                    `kubernetes` Service's ClusterIP and the listen address),
+//	                                    localhost, kubernetes.default.svc…
+//	apiserver-kubelet-client.{crt,key}  the apiserver's client cert towards kubelets (logs, exec),
+//	                                    group "system:masters"
 //	admin.{crt,key}                     user "admin", group "system:masters"
 //	kube-controller-manager.{crt,key}   user "system:kube-controller-manager" (built-in RBAC)
 //	kube-scheduler.{crt,key}            user "system:kube-scheduler" (built-in RBAC)
 //	sa.{key,pub}                        ServiceAccount token signing key pair (RSA 2048)
 //
-// Existing files are kept, so a restart reuses the same CA and keys.
+// With -ca DIR it signs with the CA in DIR and writes only the certificates named by -client and
+// -serving into -dir (hack/cluster/node-up.sh: the kubelet's client and serving certs, kube-proxy,
+// CoreDNS, the volume provisioner).
+//
+// Existing files are kept, so a restart reuses the same CA and keys, unless a certificate no
+// longer matches what is asked for (subject, addresses, or not signed by the CA): then it is
+// issued again, which is how a new -apiserver-ip reaches an existing cluster directory.
 package main
 
 import (
@@ -26,10 +38,32 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"time"
 )
 
-var dir = flag.String("dir", ".", "output directory")
+// listFlag collects a repeated string flag.
+type listFlag []string
+
+func (l *listFlag) String() string     { return strings.Join(*l, " ") }
+func (l *listFlag) Set(v string) error { *l = append(*l, v); return nil }
+
+var (
+	dir   = flag.String("dir", ".", "output directory")
+	caDir = flag.String("ca", "", "directory holding ca.{crt,key}; when set, write only -client/-serving certs")
+	apiIP listFlag
+	// NAME=CN[,GROUP...]: a client certificate NAME.{crt,key} for user CN in the given groups.
+	clients listFlag
+	// NAME=CN,SAN...: a serving certificate; each SAN is an IP address or a DNS name.
+	servings listFlag
+)
+
+func init() {
+	flag.Var(&apiIP, "apiserver-ip", "extra IP address for the apiserver's serving cert (repeatable)")
+	flag.Var(&clients, "client", "NAME=CN[,GROUP...]: issue a client cert (repeatable)")
+	flag.Var(&servings, "serving", "NAME=CN,SAN...: issue a serving cert (repeatable)")
+}
 
 func exists(name string) bool { _, err := os.Stat(filepath.Join(*dir, name)); return err == nil }
 
@@ -77,22 +111,56 @@ func serial() *big.Int {
 }
 
 func loadCA() (*x509.Certificate, crypto.Signer) {
-	cert, err := x509.ParseCertificate(read("ca.crt").Bytes)
+	d := *dir
+	if *caDir != "" {
+		d = *caDir
+	}
+	b, err := os.ReadFile(filepath.Join(d, "ca.crt"))
 	if err != nil {
 		log.Fatal(err)
 	}
-	k, err := x509.ParsePKCS8PrivateKey(read("ca.key").Bytes)
+	p, _ := pem.Decode(b)
+	if p == nil {
+		log.Fatalf("%s/ca.crt: no PEM block", d)
+	}
+	cert, err := x509.ParseCertificate(p.Bytes)
+	if err != nil {
+		log.Fatal(err)
+	}
+	if b, err = os.ReadFile(filepath.Join(d, "ca.key")); err != nil {
+		log.Fatal(err)
+	}
+	if p, _ = pem.Decode(b); p == nil {
+		log.Fatalf("%s/ca.key: no PEM block", d)
+	}
+	k, err := x509.ParsePKCS8PrivateKey(p.Bytes)
 	if err != nil {
 		log.Fatal(err)
 	}
 	return cert, k.(crypto.Signer)
 }
 
+// current reports whether NAME.crt exists, is signed by ca and has the subject and addresses of tmpl.
+func current(name string, tmpl *x509.Certificate, ca *x509.Certificate) bool {
+	if !exists(name + ".crt") {
+		return false
+	}
+	c, err := x509.ParseCertificate(read(name + ".crt").Bytes)
+	if err != nil || c.CheckSignatureFrom(ca) != nil {
+		return false
+	}
+	ipEq := func(a, b net.IP) bool { return a.Equal(b) }
+	return c.Subject.CommonName == tmpl.Subject.CommonName &&
+		slices.Equal(c.Subject.Organization, tmpl.Subject.Organization) &&
+		slices.Equal(c.DNSNames, tmpl.DNSNames) &&
+		slices.EqualFunc(c.IPAddresses, tmpl.IPAddresses, ipEq)
+}
+
 func issue(name string, tmpl *x509.Certificate) {
-	if exists(name + ".crt") {
+	ca, caKey := loadCA()
+	if current(name, tmpl, ca) {
 		return
 	}
-	ca, caKey := loadCA()
 	k := newKey()
 	tmpl.SerialNumber = serial()
 	tmpl.NotBefore = time.Now().Add(-time.Hour)
@@ -113,10 +181,52 @@ func client(name, user string, groups ...string) {
 	})
 }
 
+func serving(name, cn string, sans ...string) {
+	tmpl := &x509.Certificate{
+		Subject:     pkix.Name{CommonName: cn},
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	for _, s := range sans {
+		if slices.Contains(tmpl.DNSNames, s) || slices.ContainsFunc(tmpl.IPAddresses, net.ParseIP(s).Equal) {
+			continue // asked twice, e.g. -apiserver-ip 127.0.0.1
+		}
+		if ip := net.ParseIP(s); ip != nil {
+			tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
+		} else {
+			tmpl.DNSNames = append(tmpl.DNSNames, s)
+		}
+	}
+	issue(name, tmpl)
+}
+
+// requested issues the certificates named by -client and -serving.
+func requested() {
+	for _, spec := range clients {
+		name, rest, ok := strings.Cut(spec, "=")
+		if !ok || rest == "" {
+			log.Fatalf("-client %q: want NAME=CN[,GROUP...]", spec)
+		}
+		f := strings.Split(rest, ",")
+		client(name, f[0], f[1:]...)
+	}
+	for _, spec := range servings {
+		name, rest, ok := strings.Cut(spec, "=")
+		f := strings.Split(rest, ",")
+		if !ok || len(f) < 2 {
+			log.Fatalf("-serving %q: want NAME=CN,SAN...", spec)
+		}
+		serving(name, f[0], f[1:]...)
+	}
+}
+
 func main() {
 	flag.Parse()
 	if err := os.MkdirAll(*dir, 0o700); err != nil {
 		log.Fatal(err)
+	}
+	if *caDir != "" {
+		requested()
+		return
 	}
 	if !exists("ca.crt") {
 		k := newKey()
@@ -136,13 +246,10 @@ func main() {
 		writeKey("ca.key", k)
 		write("ca.crt", "CERTIFICATE", der)
 	}
-	issue("apiserver", &x509.Certificate{
-		Subject:     pkix.Name{CommonName: "kube-apiserver"},
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		IPAddresses: []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("10.0.0.1")},
-		DNSNames: []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc",
-			"kubernetes.default.svc.cluster.local"},
-	})
+	serving("apiserver", "kube-apiserver", append([]string{"127.0.0.1"}, append(apiIP,
+		"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc",
+		"kubernetes.default.svc.cluster.local")...)...)
+	client("apiserver-kubelet-client", "kube-apiserver-kubelet-client", "system:masters")
 	client("admin", "admin", "system:masters")
 	client("kube-controller-manager", "system:kube-controller-manager")
 	client("kube-scheduler", "system:kube-scheduler")
@@ -158,4 +265,5 @@ func main() {
 		}
 		write("sa.pub", "PUBLIC KEY", pub)
 	}
+	requested()
 }
