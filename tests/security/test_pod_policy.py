@@ -6,13 +6,16 @@ FineTuneJob of theirs; the operator runs with the chart's default policy, and ea
 refused at `kubectl apply` by the CRD's CEL rules or fails with reason `InvalidSpec` naming the field,
 before any child exists. A job within the policy runs in a namespace that enforces Pod Security
 `restricted`: the Job controller's pods are admitted, carry the restricted securityContext, and KWOK
-runs them to the end.
+runs them to the end. The chart's ValidatingAdmissionPolicy keeps the author from naming a Secret they
+cannot read in the job's own secret references, which reach the pods as HF_TOKEN.
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +27,10 @@ from finetune_api.v1alpha1.spec import RESERVED_LABELS_MESSAGE, TOLERATE_EVERYTH
 from tests.controlplane.conftest import REPO, Cluster, wait_until
 from tests.controlplane.operator.conftest import Operator, condition, ftj, get, items, wait_phase
 
+pytestmark = pytest.mark.controlplane
+
 AUTHOR = "ftj-author"
+CHART = REPO / "charts" / "finetune-operator"
 POLICY = "is not allowed by the operator's pod policy"
 Kubectl = Callable[..., subprocess.CompletedProcess[str]]
 
@@ -39,7 +45,7 @@ def chart_edit_role(cluster: Cluster) -> dict[str, Any]:
             str(helm),
             "template",
             "ftjob",
-            str(REPO / "charts" / "finetune-operator"),
+            str(CHART),
             "--show-only",
             "templates/rbac-aggregated.yaml",
         ],
@@ -280,3 +286,64 @@ def test_a_job_within_the_policy_runs_in_a_restricted_namespace(
     assert {m["mountPath"] for m in container["volumeMounts"]} >= {"/tmp", "/home/ftjob/.cache"}
     st = wait_phase(cluster, namespace, "Succeeded", name="within", timeout=60)
     assert condition(st, "Succeeded")["status"] == "True"
+
+
+@pytest.fixture
+def secret_policy(cluster: Cluster, namespace: str) -> Iterator[None]:
+    """The chart's secret-reference ValidatingAdmissionPolicy (its own release name), bound to this namespace
+    only as the chart binds the watched namespaces, until the test ends."""
+    helm = cluster.bin_dir / "helm"
+    if not helm.exists():
+        pytest.skip(f"no helm in {cluster.bin_dir} (hack/cluster/build.sh builds it)")
+    text = subprocess.run(
+        [
+            str(helm),
+            "template",
+            f"sec{uuid.uuid4().hex[:6]}",
+            str(CHART),
+            "--namespace",
+            namespace,
+            "--api-versions",
+            "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy",
+            "--set-json",
+            f"watchNamespaces={json.dumps([namespace])}",
+            "--show-only",
+            "templates/finetunejob-policy.yaml",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    cluster.kubectl("apply", "-f", "-", input=text)
+    try:
+        yield
+    finally:
+        cluster.kubectl("delete", "--ignore-not-found", "-f", "-", input=text, check=False)
+
+
+def test_a_job_naming_a_secret_its_author_cannot_read_is_refused_at_apply(
+    cluster: Cluster, namespace: str, author: Kubectl, targets: None, secret_policy: None
+) -> None:
+    body = ftj("tiny-cpu", name="token", run_seconds=None)
+    body["spec"]["model"]["tokenSecretRef"] = {"name": "db-credentials", "key": "password"}
+    text = yaml.safe_dump(body)
+    refused = (
+        "spec.model.tokenSecretRef: Secret db-credentials is not one the author may read; a FineTuneJob may name "
+        "only Secrets its author may get"
+    )
+    # The API server loads a new policy within a moment; a server-side dry run goes through admission too.
+    wait_until(
+        lambda: refused in author("apply", "--dry-run=server", "-f", "-", input=text, check=False).stderr,
+        timeout=30,
+        what="the secret-reference policy in effect",
+    )
+    proc = author("apply", "-f", "-", input=text, check=False)
+    assert proc.returncode != 0 and refused in proc.stderr, proc.stderr
+    assert get(cluster, namespace, "finetunejob", "token") is None
+    # Whoever may read the Secret may name it; the author may then change the job's metadata, not its spec.
+    cluster.kubectl("-n", namespace, "apply", "-f", "-", input=text)
+    author("label", "finetunejob", "token", "team=nlp")
+    proc = author(
+        "patch", "finetunejob", "token", "--type=merge", "-p", '{"spec":{"runPolicy":{"suspend":true}}}', check=False
+    )
+    assert proc.returncode != 0 and refused in proc.stderr, proc.stderr
