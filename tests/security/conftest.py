@@ -1,22 +1,9 @@
-"""Fixtures for the security tests: the real control plane's `cluster`, `kubectl` and `namespace`, the
-FineTuneJob CRD (`crd`), all re-exported from tests/controlplane so that every directory shares one
-session cluster. Every test here is marked ``controlplane``.
-"""
+"""Security tests on the real control plane: the fixtures of tests/controlplane (cluster, namespace, a running
+`ftjob operator`) and of tests/chart (helm, an installed release), re-exported so these tests share one session
+cluster with them. Every test here is marked `controlplane` in its module."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import pytest
-
-from tests.controlplane.conftest import cluster, kubectl, namespace
-from tests.controlplane.operator.conftest import crd
-
-__all__ = ["cluster", "crd", "kubectl", "namespace"]
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    here = Path(__file__).parent
-    for item in items:
-        if here in Path(str(item.fspath)).parents:
-            item.add_marker(pytest.mark.controlplane)
+from tests.chart.conftest import helm, install  # noqa: F401  (fixtures)
+from tests.controlplane.conftest import cluster, kubectl, namespace  # noqa: F401  (fixtures)
+from tests.controlplane.operator.conftest import crd, operator, pytest_runtest_makereport  # noqa: F401
