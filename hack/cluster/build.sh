@@ -4,6 +4,8 @@
 #   hack/cluster/build.sh          etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
 #                                  kubectl, kwok, helm
 #   hack/cluster/build.sh kueue    also Kueue's controller manager (bin/kueue) and its CRDs (kueue/crds)
+#   hack/cluster/build.sh node     also the real node's binaries (hack/cluster/node-up.sh): kubelet,
+#                                  kube-proxy, coredns, local-path-provisioner, ftjob-pause
 #   hack/cluster/build.sh --print-bin   print the bin directory and exit
 #
 # Binaries land in ${FTJOB_CACHE:-$HOME/.cache/finetune-operator}/controlplane/<versions-key>/bin.
@@ -60,10 +62,10 @@ k8s_gomod() {
     -require="k8s.io/kubernetes@${K8S_VERSION}" && go mod tidy)
 }
 
-build_k8s() {
-  local names=(kube-apiserver kube-controller-manager kube-scheduler kubectl) n todo=0
-  for n in "${names[@]}"; do fresh "$n" "$K8S_VERSION" || todo=1; done
-  ((todo)) || { log "kubernetes ${K8S_VERSION}: cached"; return; }
+build_k8s() {  # build_k8s NAME...: the commands k8s.io/kubernetes/cmd/NAME, in one `go build`
+  local names=("$@") n todo=0 pkgs=()
+  for n in "${names[@]}"; do fresh "$n" "$K8S_VERSION" || todo=1; pkgs+=("k8s.io/kubernetes/cmd/$n"); done
+  ((todo)) || { log "kubernetes ${K8S_VERSION} (${names[*]}): cached"; return; }
   k8s_gomod
   local v=${K8S_VERSION#v} major minor ldf="-s -w" p
   major=${v%%.*}; minor=${v#*.}; minor=${minor%%.*}
@@ -72,9 +74,7 @@ build_k8s() {
     ldf+=" -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
   done
   (cd "$HERE/k8s" && timed "kubernetes ${K8S_VERSION} (${names[*]})" \
-    go build -trimpath -ldflags "$ldf" -o "$BIN/" \
-      k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
-      k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl)
+    go build -trimpath -ldflags "$ldf" -o "$BIN/" "${pkgs[@]}")
   for n in "${names[@]}"; do stamp "$n" "$K8S_VERSION"; done
 }
 
@@ -104,12 +104,13 @@ go_install() {  # go_install NAME PKG VERSION [LDFLAGS]
   stamp "$name" "$ver"
 }
 
-# --- ftjob-pki: certificates for up.sh, standard library only ---------------------------------
-build_pki() {
-  local sum; sum=$(cat "$HERE/pki/go.mod" "$HERE/pki/main.go" | cksum | cut -d' ' -f1)
-  fresh ftjob-pki "$sum" && return
-  (cd "$HERE/pki" && timed ftjob-pki go build -trimpath -ldflags "-s -w" -o "$BIN/ftjob-pki" .)
-  stamp ftjob-pki "$sum"
+# --- our own small commands, standard library only: stamped with a checksum of their source ----
+build_local() {  # build_local NAME DIR: hack/cluster/DIR -> bin/NAME
+  local name=$1 dir=$HERE/$2 sum
+  sum=$(cat "$dir/go.mod" "$dir"/*.go | cksum | cut -d' ' -f1)
+  fresh "$name" "$sum" && return
+  (cd "$dir" && timed "$name" go build -trimpath -ldflags "-s -w" -o "$BIN/$name" .)
+  stamp "$name" "$sum"
 }
 
 # Kueue's CRDs (for hack/cluster/kueue-up.sh), copied from the module next to bin/.
@@ -126,12 +127,13 @@ kueue_crds() {
 }
 
 main() {
-  local want_kueue=0 arg t0
+  local want_kueue=0 want_node=0 arg t0
   for arg in "$@"; do
     case $arg in
       kueue) want_kueue=1 ;;
+      node) want_node=1 ;;
       --print-bin) echo "$BIN"; exit 0 ;;
-      -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+      -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
       *) log "unknown argument: $arg"; exit 2 ;;
     esac
   done
@@ -140,14 +142,21 @@ main() {
 
   t0=$SECONDS
   log "cache: $BIN"
-  build_pki
+  build_local ftjob-pki pki
   build_etcd
   go_install kwok sigs.k8s.io/kwok/cmd/kwok "$KWOK_VERSION" "-X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION}"
-  build_k8s
+  build_k8s kube-apiserver kube-controller-manager kube-scheduler kubectl
   go_install helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION" "-X helm.sh/helm/v3/internal/version.version=${HELM_VERSION}"
   if ((want_kueue)); then
     go_install kueue sigs.k8s.io/kueue/cmd/kueue "$KUEUE_VERSION" "-X sigs.k8s.io/kueue/pkg/version.GitVersion=${KUEUE_VERSION}"
     kueue_crds
+  fi
+  if ((want_node)); then
+    build_local ftjob-pause pause
+    build_k8s kubelet kube-proxy
+    go_install coredns github.com/coredns/coredns "$COREDNS_VERSION"
+    go_install local-path-provisioner github.com/rancher/local-path-provisioner "$LOCAL_PATH_PROVISIONER_VERSION" \
+      "-X main.VERSION=${LOCAL_PATH_PROVISIONER_VERSION}"
   fi
   log "done in $((SECONDS - t0))s; binaries in $BIN"
 }

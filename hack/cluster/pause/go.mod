@@ -1,0 +1,3 @@
+module finetune.dev/hack/cluster/pause
+
+go 1.22
