@@ -106,7 +106,7 @@ def render_job(job_dict: dict[str, Any], workdir: Path, *, timed: bool, trainer_
     fields the operator never renders (test probes)."""
     from finetune_api.v1alpha1.resource import FineTuneJob
     from finetune_operator.render import RenderOptions, render_all, render_files
-    from finetune_operator.render.command import render_node_command
+    from finetune_operator.render.command import LAUNCHER, render_node_command
     from finetune_api.trainer_input import TrainerConfig
 
     job = FineTuneJob.model_validate(job_dict)
@@ -124,6 +124,7 @@ def render_job(job_dict: dict[str, Any], workdir: Path, *, timed: bool, trainer_
     for rank in range(rendered.topology.num_machines):
         argv = render_node_command(job, rendered.topology, main_process_host="127.0.0.1", machine_rank=str(rank),
                                    config_dir=str(config_dir))
+        argv = argv[len(LAUNCHER):]  # the launch itself: the pod's launcher around it adds nothing to time
         assert argv[:2] == ["accelerate", "launch"], argv
         argv = [PY, "-m", "accelerate.commands.launch", *argv[2:]]
         if timed:

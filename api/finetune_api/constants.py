@@ -106,6 +106,7 @@ EXIT_INVALID_CONFIG: Final = 64  # EX_USAGE: trainer.json does not validate
 EXIT_BAD_DATASET: Final = 65  # EX_DATAERR: missing text field, empty split, unreadable file
 EXIT_UNKNOWN_MODEL: Final = 66  # EX_NOINPUT: model id or path that does not exist
 EXIT_PERMANENT_CODES: Final = frozenset({EXIT_INVALID_CONFIG, EXIT_BAD_DATASET, EXIT_UNKNOWN_MODEL})
+EXIT_SIGTERM: Final = 143  # 128 + SIGTERM: stopped after saving a checkpoint; retryable, the next attempt resumes
 
 
 # Knobs read from the environment by the trainer and the CLI (not injected by the operator).
@@ -116,6 +117,10 @@ ENV_SPEED: Final = "FTJOB_SPEED"
 ENV_ZERO3_4BIT_LOAD: Final = "FTJOB_ZERO3_4BIT_LOAD"
 """QLoRA + ZeRO-3 load: `partitioned` (default: each 4-bit weight is partitioned as it is quantized) or `whole`."""
 ENV_EXIT_FILE: Final = "FTJOB_EXIT_FILE"
-"""Where a worker that fails permanently writes its termination record, for the launcher around it."""
+"""Set by `finetune_trainer.launch` for its workers: where a failing worker writes its termination record."""
 ENV_TERMINATION_LOG: Final = "FTJOB_TERMINATION_LOG"
-"""The container's termination-message file (default `/dev/termination-log`); set by local runs and tests."""
+"""Where the launcher writes the container's termination message (default `/dev/termination-log`); for tests."""
+ENV_TEST_FAULT: Final = "FTJOB_TEST_FAULT"
+"""Test hook, never set in production: the trainer fails on purpose right after loading the model. `exit:65`
+raises the permanent error with that code; `crash-once:PATH` makes the first worker to create PATH SIGKILL itself
+(later runs find PATH and go on), a transient failure that torch elastic restarts."""

@@ -93,7 +93,10 @@ def _run(args: argparse.Namespace) -> int:
     from finetune_operator.local import run_locally
 
     return run_locally(
-        load_job(args.job), workdir=Path(args.workdir) if args.workdir else None, nodes=args.nodes
+        load_job(args.job),
+        workdir=Path(args.workdir) if args.workdir else None,
+        nodes=args.nodes,
+        fresh=args.fresh,
     )
 
 

@@ -1,8 +1,10 @@
 """`ftjob run`: the job's node commands as local processes, exactly as the operator would render them.
 
 The job is rendered with the same `render_all` as in the cluster; only the config directory, the
-checkpoint directory and node 0's address (loopback) differ. Each "node" is one `accelerate launch`
-process with its machine rank; without GPUs the job runs on CPU (DeepSpeed's CPU accelerator, gloo).
+checkpoint directory and node 0's address (loopback) differ. Each "node" is the pod's command (the launcher
+around `accelerate launch`, `render/command.py`) with its machine rank, run by this interpreter; without GPUs the
+job runs on CPU (DeepSpeed's CPU accelerator, gloo). The run's exit code is what a pod's would be: a permanent
+trainer error (64-66) ends every node at once and is returned as is.
 """
 
 import json
@@ -13,10 +15,12 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import IO
 
 from finetune_api import constants
+from finetune_api.termination import PERMANENT_MEANINGS
 from finetune_api.v1alpha1.resource import FineTuneJob
 from finetune_operator.render import RenderOptions, render_all
 from finetune_operator.render.command import render_node_command
@@ -53,6 +57,19 @@ def fit_to_machine(job: FineTuneJob, *, nodes: int | None, gpus_here: int) -> tu
     return job.model_copy(update={"spec": spec}), notes
 
 
+def local_argv(pod_command: list[str]) -> list[str]:
+    """The pod's command with `python` as this interpreter (its `accelerate` comes first on PATH, see env)."""
+    return [sys.executable if arg == "python" and i == 0 else arg for i, arg in enumerate(pod_command)]
+
+
+def first_failure(codes: list[int]) -> int:
+    """The run's exit code from the nodes' codes in the order they ended: a permanent code wins (the other
+    nodes were stopped because of it), else the first failure, else 0."""
+    permanent = [c for c in codes if c in constants.EXIT_PERMANENT_CODES]
+    failed = [c for c in codes if c != 0]
+    return (permanent or failed or [0])[0]
+
+
 def _free_port(preferred: int) -> int:
     with socket.socket() as probe:
         try:
@@ -78,6 +95,24 @@ def _summarize(adapter_dir: Path, checkpoint_dir: Path) -> None:
         rows = [json.loads(line) for line in metrics_file.read_text().splitlines() if line.strip()]
         losses = [(row["step"], row["loss"]) for row in rows if "loss" in row]
         print("loss by step: " + "  ".join(f"{step}:{loss:.3f}" for step, loss in losses))
+
+
+def _wait_all(procs: list[subprocess.Popen[str]]) -> int:
+    """Wait for every node; once one fails, stop the others (SIGTERM, as the Job controller would)."""
+    codes: list[int] = []
+    running = list(procs)
+    while running:
+        for proc in list(running):
+            rc = proc.poll()
+            if rc is None:
+                continue
+            running.remove(proc)
+            if rc != 0 and not any(codes):
+                for other in running:
+                    other.send_signal(signal.SIGTERM)
+            codes.append(rc)
+        time.sleep(0.2)
+    return first_failure(codes)
 
 
 def run_locally(job: FineTuneJob, *, workdir: Path | None = None, nodes: int | None = None, fresh: bool = False) -> int:
@@ -116,6 +151,8 @@ def run_locally(job: FineTuneJob, *, workdir: Path | None = None, nodes: int | N
         constants.ENV_JOB_NAMESPACE: job.namespace,
         constants.ENV_ATTEMPT: "1",
         "PYTHONUNBUFFERED": "1",
+        # The pod command says `accelerate`: this installation's, next to this interpreter.
+        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
     }
     if rendered.topology.num_machines == 1:
         # One machine: accelerate passes torchrun no endpoint and c10d falls back to localhost:29400,
@@ -125,6 +162,7 @@ def run_locally(job: FineTuneJob, *, workdir: Path | None = None, nodes: int | N
         env["DS_ACCELERATOR"] = "cpu"
         env.setdefault("OMP_NUM_THREADS", "1")
     procs: list[subprocess.Popen[str]] = []
+    pumps: list[threading.Thread] = []
     for rank in range(rendered.topology.num_machines):
         argv = render_node_command(
             job,
@@ -133,25 +171,33 @@ def run_locally(job: FineTuneJob, *, workdir: Path | None = None, nodes: int | N
             machine_rank=str(rank),
             config_dir=str(config_dir),
         )
-        argv = [sys.executable, "-m", "accelerate.commands.launch", *argv[2:]]
-        proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
-        threading.Thread(target=_pump, args=(proc.stdout, f"[node {rank}] "), daemon=True).start()
+        proc = subprocess.Popen(
+            local_argv(argv),
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
+            start_new_session=True,  # Ctrl-C reaches only us; each launcher gets one SIGTERM, as in a pod
+        )
+        pumps.append(threading.Thread(target=_pump, args=(proc.stdout, f"[node {rank}] "), daemon=True))
+        pumps[-1].start()
         procs.append(proc)
-    code = 0
     try:
-        for proc in procs:
-            rc = proc.wait()
-            if rc and not code:
-                code = rc
-                for other in procs:
-                    if other.poll() is None:
-                        other.send_signal(signal.SIGTERM)
+        code = _wait_all(procs)
     except KeyboardInterrupt:
         for proc in procs:
-            proc.send_signal(signal.SIGTERM)
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            proc.wait()
         code = 130
+    for pump in pumps:
+        pump.join(timeout=10)  # the nodes' last lines before our verdict
     if code == 0:
         _summarize(Path(rendered.trainer.output.adapter_dir), checkpoint_dir)
     else:
-        print(f"ftjob run: failed with exit code {code}", file=sys.stderr)
+        meaning = PERMANENT_MEANINGS.get(code)
+        why = f" (permanent: {meaning}; not retried)" if meaning else ""
+        print(f"ftjob run: failed with exit code {code}{why}", file=sys.stderr)
     return code

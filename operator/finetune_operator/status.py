@@ -7,27 +7,24 @@ rules. It must not do I/O, log, or import kopf, a Kubernetes client or an HTTP l
 reasons and messages instead. Terminal phases (Succeeded, Failed) are sticky.
 """
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from finetune_api import constants
+from finetune_api.termination import PERMANENT_MEANINGS, TerminationRecord
 from finetune_api.v1alpha1.errors import InvalidSpecError
 from finetune_api.v1alpha1.resource import FineTuneJob
 from finetune_api.v1alpha1.status import TERMINAL_PHASES, Condition, FineTuneJobStatus, Phase, PlanSummary
 from finetune_operator.render import Rendered, render_or_errors
 from finetune_operator.render.workload import TERMINATION_GRACE_SECONDS
 
-EXIT_MEANINGS = {
-    constants.EXIT_INVALID_CONFIG: "trainer.json does not validate",
-    constants.EXIT_BAD_DATASET: "bad dataset (missing text field, empty split or unreadable file)",
-    constants.EXIT_UNKNOWN_MODEL: "model id or path does not exist",
-}
-SIGTERM_EXIT = 143
 STUCK_AFTER = timedelta(seconds=TERMINATION_GRACE_SECONDS + 60)
-_EXIT_CODE_RE = re.compile(r"exit code (\d+)")
+FAIL_JOB_REASON = "PodFailurePolicy"
+"""The Job controller's reason for a Job failed by a podFailurePolicy FailJob rule; the attempt Job's only such
+rule is the trainer's permanent exit codes (render/workload.py), so this reason alone means "permanent"."""
+DETAIL_LIMIT = 512  # characters of the trainer's own message quoted in the status
 _NODE_LOST_REASONS = frozenset({"NodeLost", "Evicted", "DeletionByTaintManager", "TerminationByKubelet"})
 ConflictReason = Literal["NameConflict", "FieldConflict"]
 
@@ -43,7 +40,7 @@ class PodObserved:
     reason: str | None = None
     node: str | None = None
     deleting: bool = False
-    detail: str | None = None  # the trainer's own words from its termination message
+    termination: TerminationRecord | None = None  # the trainer's record, from the container's termination message
 
 
 @dataclass(frozen=True)
@@ -103,6 +100,15 @@ class StatusResult:
 
 
 @dataclass(frozen=True)
+class FailureCause:
+    """Why an attempt failed, and whether retrying could help."""
+
+    reason: str
+    message: str
+    permanent: bool = False
+
+
+@dataclass(frozen=True)
 class _Verdict:
     phase: Phase
     reason: str
@@ -121,47 +127,42 @@ def _stuck(attempt: AttemptObserved, now: datetime) -> bool:
 
 def _permanent_target(attempt: AttemptObserved) -> bool:
     """A permanent exit code is final at once: nothing new starts, so there is nothing to wait for."""
-    return attempt.failing_since is not None and failure_cause(attempt)[2] is not None
+    return attempt.failing_since is not None and failure_cause(attempt).permanent
 
 
-def failure_cause(attempt: AttemptObserved) -> tuple[str, str, int | None]:
-    """Why an attempt failed: (reason, message, permanent exit code or None)."""
+_NOT_RETRIED = "not retried: fix the spec or the data and re-create the job"
+
+
+def failure_cause(attempt: AttemptObserved) -> FailureCause:
+    """Why an attempt failed: the container's exit code says whether it is permanent (the Job's FailJob reason
+    says so when the pod is gone), the trainer's termination record says what was wrong."""
     failed = [p for p in attempt.pods if p.phase == "Failed" or p.exit_code not in (None, 0)]
     # The culprit first: pods killed with SIGTERM (143) were mostly stopped because another one failed.
-    failed.sort(key=lambda p: (p.exit_code in (None, SIGTERM_EXIT), p.name))
+    failed.sort(key=lambda p: (p.exit_code in (None, constants.EXIT_SIGTERM), p.name))
     for pod in failed:
         if pod.exit_code in constants.EXIT_PERMANENT_CODES:
-            return "PermanentError", _exit_message(pod.name, pod.exit_code, pod.detail), pod.exit_code
-    match = _EXIT_CODE_RE.search(attempt.failed_message or "")
-    if attempt.failed_reason == "PodFailurePolicy" and match:
-        code = int(match.group(1))
-        if code in constants.EXIT_PERMANENT_CODES:
-            return "PermanentError", _exit_message(_pod_in(attempt.failed_message or ""), code), code
+            what = _trainer_words(pod.termination) or PERMANENT_MEANINGS[pod.exit_code]
+            text = f"trainer in pod {pod.name} exited with permanent error code {pod.exit_code} ({what})"
+            return FailureCause("PermanentError", f"{text}; {_NOT_RETRIED}", permanent=True)
+    if attempt.failed_reason == FAIL_JOB_REASON:
+        text = f"Job {attempt.name} failed on a permanent trainer exit code ({attempt.failed_message}); {_NOT_RETRIED}"
+        return FailureCause("PermanentError", text, permanent=True)
     for pod in failed:
         if pod.reason in _NODE_LOST_REASONS:
-            return "NodeLost", f"pod {pod.name} on node {pod.node or '?'} was lost ({pod.reason})", None
+            return FailureCause("NodeLost", f"pod {pod.name} on node {pod.node or '?'} was lost ({pod.reason})")
     for pod in failed:
         if pod.exit_code not in (None, 0):
-            return (
-                "PodFailed",
-                f"pod {pod.name} exited with code {pod.exit_code} ({pod.reason or 'Error'})",
-                None,
-            )
+            what = _trainer_words(pod.termination) or pod.reason or "Error"
+            return FailureCause("PodFailed", f"pod {pod.name} exited with code {pod.exit_code} ({what})")
     detail = attempt.failed_message or attempt.failed_reason or "unknown reason"
-    return "AttemptFailed", f"Job {attempt.name} failed: {detail}", None
+    return FailureCause("AttemptFailed", f"Job {attempt.name} failed: {detail}")
 
 
-def _pod_in(message: str) -> str:
-    found = re.search(r"pod (\S+)", message)
-    return found.group(1).split("/")[-1] if found else "?"
-
-
-def _exit_message(pod: str, code: int, detail: str | None = None) -> str:
-    what = detail or EXIT_MEANINGS.get(code, "permanent")
-    return (
-        f"trainer in pod {pod} exited with permanent error code {code} ({what}); "
-        "not retried: fix the spec or the data and re-create the job"
-    )
+def _trainer_words(record: TerminationRecord | None) -> str | None:
+    """`BadDatasetError: data.textField 'x' is not a column ...` from the trainer's record, if it left one."""
+    if record is None or not (record.reason or record.message):
+        return None
+    return ": ".join(part for part in (record.reason, record.message[:DETAIL_LIMIT]) if part)
 
 
 def _verdict(job: FineTuneJob, observed: Observed, now: datetime) -> _Verdict:
@@ -174,9 +175,10 @@ def _verdict(job: FineTuneJob, observed: Observed, now: datetime) -> _Verdict:
     if current is not None and current.complete:
         return _Verdict("Succeeded", "Completed", f"attempt {attempt} completed on {nodes} node(s)", attempt)
     if current is not None and (current.failed or _stuck(current, now) or _permanent_target(current)):
-        reason, message, code = failure_cause(current)
-        if code is not None:
-            return _Verdict("Failed", "PermanentError", message, attempt)
+        cause = failure_cause(current)
+        reason, message = cause.reason, cause.message
+        if cause.permanent:
+            return _Verdict("Failed", reason, message, attempt)
         if attempt - 1 >= policy.backoff_limit:
             limit = (
                 f"backoffLimit {policy.backoff_limit} restart(s) used up; check the pods' logs "

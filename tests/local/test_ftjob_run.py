@@ -1,14 +1,19 @@
-"""`ftjob run`: the README's first command, end to end on CPU, and how it fits a job to the machine."""
+"""`ftjob run`: the README's first command, end to end on CPU, and how it fits a job to the machine; a permanent
+trainer error ends the run at once with its own code; `--fresh` starts over; `plan`, `render` and `run` reject
+an invalid job alike."""
 
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
-from finetune_operator.local import fit_to_machine
+from finetune_api import constants
+from finetune_operator.local import first_failure, fit_to_machine
 from tests.builders import job
 
 REPO = Path(__file__).resolve().parents[2]
@@ -49,3 +54,95 @@ def test_ftjob_run_trains_the_tiny_example(tmp_path: Path) -> None:
     losses = [row["loss"] for row in rows if "loss" in row]
     assert losses[-1] < losses[0] - 1.0, losses
     assert (tmp_path / "config" / "accelerate.yaml").read_text().count("num_processes: 2") == 1
+
+
+def ftjob(*args: str, env: dict[str, str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "finetune_operator.cli", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": "", **(env or {})},
+    )
+
+
+def tiny_job(tmp_path: Path, *, spec: dict[str, Any]) -> Path:
+    """examples/tiny-cpu.yaml with parts of its spec replaced (one level deep), written to tmp_path."""
+    body = yaml.safe_load((REPO / "examples" / "tiny-cpu.yaml").read_text())
+    for key, value in spec.items():
+        body["spec"][key] = {**body["spec"][key], **value} if isinstance(value, dict) else value
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(body))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("codes", "expected"),
+    [([0, 0], 0), ([143, 65], 65), ([1, 143], 1), ([143, 1, 66], 66)],
+    ids=[
+        "every node done: 0",
+        "a permanent code wins over the SIGTERM that stopped the other node",
+        "else the first failure",
+        "a permanent code wins over an earlier plain failure",
+    ],
+)
+def test_first_failure(codes: list[int], expected: int) -> None:
+    assert first_failure(codes) == expected
+
+
+def test_plan_render_and_run_reject_an_invalid_job_alike(tmp_path: Path) -> None:
+    distributed = {"gpusPerNode": 0, "processesPerNode": None, "deepspeed": {"zeroStage": 3, "offloadParams": "nvme"}}
+    path = tiny_job(tmp_path, spec={"distributed": distributed})
+    out, workdir = tmp_path / "rendered", tmp_path / "run"
+    results = {
+        "plan": ftjob("plan", str(path)),
+        "render": ftjob("render", str(path), "--out", str(out)),
+        "run": ftjob("run", str(path), "--workdir", str(workdir), "--fresh"),
+    }
+    errors = {}
+    for command, proc in results.items():
+        assert proc.returncode == 2, (command, proc.stdout, proc.stderr)
+        first, *rest = proc.stderr.splitlines()
+        assert first == f"ftjob {command}: invalid FineTuneJob:"
+        errors[command] = rest
+    assert errors["plan"] == errors["render"] == errors["run"]
+    paths = sorted(line.split(":")[0].strip() for line in errors["plan"])
+    assert paths == ["spec.distributed.deepspeed.nvmePath", "spec.distributed.processesPerNode"], errors["plan"]
+    assert not out.exists() and not workdir.exists(), "an invalid job wrote or deleted files"
+    assert all(proc.stdout == "" for proc in results.values())
+
+
+MAX_RESTARTS_3 = {"rendezvous": {"backend": "c10d", "port": 29517, "maxRestarts": 3}}
+
+
+def started(output: str) -> int:
+    """How many times the trainer started (its main process logs this line once per start of the group)."""
+    return output.count("INFO finetune_trainer: job default/tiny-cpu:")
+
+
+@pytest.mark.trainer
+def test_a_bad_dataset_fails_at_once_with_exit_65_and_fresh_starts_over(tmp_path: Path) -> None:
+    path = tiny_job(tmp_path, spec={"dataset": {"textField": "nosuchfield"}, "distributed": MAX_RESTARTS_3})
+    workdir = tmp_path / "run"
+    stale = workdir / "checkpoints" / "checkpoint-30"
+    stale.mkdir(parents=True)
+    (stale / "checkpoint-complete.json").write_text('{"step": 30}')
+    proc = ftjob("run", str(path), "--workdir", str(workdir), "--fresh")
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == constants.EXIT_BAD_DATASET, output[-6000:]
+    assert "ftjob run: failed with exit code 65 (permanent: bad dataset" in proc.stderr
+    assert started(output) == 1, output[-6000:]  # maxRestarts 3, yet no elastic restart
+    assert "data.textField 'nosuchfield' is not a column" in output
+    assert not stale.exists() and "resuming" not in output, "--fresh did not start over"
+
+
+@pytest.mark.trainer
+def test_a_permanent_error_after_the_model_load_loads_it_once(tmp_path: Path) -> None:
+    path = tiny_job(tmp_path, spec={"distributed": MAX_RESTARTS_3})
+    fault = {constants.ENV_TEST_FAULT: f"exit:{constants.EXIT_INVALID_CONFIG}"}
+    proc = ftjob("run", str(path), "--workdir", str(tmp_path / "run"), env=fault)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == constants.EXIT_INVALID_CONFIG, output[-6000:]
+    assert output.count("INFO finetune_trainer: model loaded from") == 1, output[-6000:]
+    assert started(output) == 1

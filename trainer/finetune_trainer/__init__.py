@@ -17,8 +17,9 @@ module with one job:
 * `cards`, `hub` — model card + loss plot, push with retries
 * `probes` — final logits on a fixed text, for tests
 * `errors` — permanent errors and their exit codes
-* `launch` — `python -m finetune_trainer.launch <accelerate launch args>`: keeps exit 64/65/66 through accelerate
+* `launch` — the pod's command, `python -m finetune_trainer.launch -- accelerate launch ...`: a permanent error
+  (exit 64/65/66) stops the worker group at once and becomes the container's exit code
 
 It never imports kopf, kubernetes or the operator's handlers; from the operator it uses only
-`finetune_api.constants` and `finetune_api.v1alpha1.status`.
+`finetune_api.constants`, `finetune_api.termination` and `finetune_api.v1alpha1.status`.
 """

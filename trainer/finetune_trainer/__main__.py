@@ -6,22 +6,29 @@ Usage (what each pod runs; `python -m finetune_trainer --config trainer.json` al
         -m finetune_trainer --config /etc/ftjob/trainer.json
 
 Exit codes: 0 done; 64 invalid trainer.json, 65 bad dataset, 66 unknown model (permanent, the operator fails
-the job at once); 143 stopped by SIGTERM after a complete checkpoint; anything else is retryable.
+the job at once); 143 stopped by SIGTERM after a complete checkpoint; anything else is retryable. A worker that
+fails knowingly also writes its termination record for the launcher around it (`errors.report`), because
+`accelerate launch` turns every worker failure into exit 1.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import logging
 import os
 import sys
 from pathlib import Path
 
-from finetune_api import constants
+from finetune_api.termination import TerminationRecord
 from finetune_trainer.compat import zero3_checkpointing_problem
-from finetune_trainer.errors import EXIT_SIGTERM, InvalidConfigError, PermanentError, PushFailedError
+from finetune_trainer.errors import (
+    EXIT_SIGTERM,
+    InvalidConfigError,
+    PermanentError,
+    PushFailedError,
+    inject_test_fault,
+    report,
+)
 
 log = logging.getLogger("finetune_trainer")
 
@@ -75,6 +82,8 @@ def train(config_path: str) -> int:
     tokenizer = load_tokenizer(cfg, model_path)
     train_ds, eval_ds = load_data(cfg, data_path, tokenizer)
     model = load_model(cfg, model_path, tokenizer, cuda=not on_cpu(cfg), zero3=zero3)
+    log.info("model loaded from %s", model_path)
+    inject_test_fault()
 
     output = Path(cfg.output.checkpoint_dir)  # = args.output_dir
     resume = prepare_resume(output, is_main=state.is_main_process)
@@ -145,27 +154,6 @@ def _quiet_replicas(is_main: bool) -> None:
     log.setLevel(logging.INFO if is_main else logging.WARNING)
 
 
-def _report_permanent(error: PermanentError) -> None:
-    """Leave the exit code where it survives `accelerate launch` (which exits 1 for any worker failure): the
-    file named by FTJOB_EXIT_FILE (read by `finetune_trainer.launch`) and the pod's termination message."""
-    record = json.dumps({"exitCode": error.exit_code, "reason": type(error).__name__, "message": error.message})
-    exit_file = os.environ.get(constants.ENV_EXIT_FILE)
-    if exit_file:
-        tmp = Path(f"{exit_file}.{os.getpid()}")
-        with contextlib.suppress(OSError):
-            tmp.write_text(record)
-            os.replace(tmp, exit_file)
-    _termination_message(record)
-
-
-def _termination_message(message: str) -> None:
-    """Kubernetes shows /dev/termination-log in the pod status, where the operator can quote it."""
-    path = Path(os.environ.get(constants.ENV_TERMINATION_LOG, "/dev/termination-log"))
-    if path.parent.is_dir() and (path.exists() or os.environ.get(constants.ENV_TERMINATION_LOG)):
-        with contextlib.suppress(OSError):
-            path.write_text(message[:4000])
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m finetune_trainer", description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True, help="path to trainer.json")
@@ -176,11 +164,11 @@ def main(argv: list[str] | None = None) -> int:
         return train(ns.config)
     except PermanentError as e:
         log.error("permanent error (exit %d): %s", e.exit_code, e.message)
-        _report_permanent(e)
+        report(TerminationRecord(exit_code=e.exit_code, reason=type(e).__name__, message=e.message))
         return e.exit_code
     except PushFailedError as e:
         log.error("%s", e)
-        _termination_message(str(e))
+        report(TerminationRecord(exit_code=1, reason=type(e).__name__, message=str(e)))
         return 1
     finally:
         _leave_process_group()

@@ -8,7 +8,6 @@ The index functions are `async` only so that kopf calls them inline: a sync one 
 pool for each of the thousands of child events of a burst.
 """
 
-import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -17,6 +16,7 @@ from typing import Any
 import kopf
 
 from finetune_api import constants
+from finetune_api.termination import TerminationRecord
 from finetune_operator.reconcile import TEMPLATE_HASH
 from finetune_operator.status import AttemptObserved, Observed, PodObserved
 
@@ -49,16 +49,15 @@ def key_of(meta: Mapping[str, Any]) -> Key:
 
 
 def summarize_pod(body: Mapping[str, Any]) -> PodObserved:
-    """A trainer pod: phase, readiness, the trainer's exit code and why it ended."""
+    """A trainer pod: phase, readiness, the container's exit code, why it ended and the trainer's record."""
     status = body.get("status") or {}
     ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
-    exit_code, reason, detail = None, status.get("reason"), None
+    exit_code, reason, termination = None, status.get("reason"), None
     for cs in status.get("containerStatuses") or []:
         terminated = (cs.get("state") or {}).get("terminated")
         if cs.get("name") == constants.TRAINER_CONTAINER and terminated:
             exit_code, reason = terminated.get("exitCode"), reason or terminated.get("reason")
-            trainer_code, detail = trainer_exit(terminated.get("message"))
-            exit_code = trainer_code if trainer_code is not None else exit_code
+            termination = TerminationRecord.from_message(terminated.get("message"))
     for cond in status.get("conditions") or []:
         if cond.get("type") == "DisruptionTarget" and cond.get("status") == "True":
             reason = cond.get("reason") or reason
@@ -70,26 +69,8 @@ def summarize_pod(body: Mapping[str, Any]) -> PodObserved:
         reason=reason,
         node=(body.get("spec") or {}).get("nodeName"),
         deleting=bool(body["metadata"].get("deletionTimestamp")),
-        detail=detail,
+        termination=termination,
     )
-
-
-def trainer_exit(message: str | None) -> tuple[int | None, str | None]:
-    """The trainer's exit code and message from its termination message.
-
-    `accelerate launch` turns any worker failure into exit code 1, so the container's own code cannot
-    say "permanent"; the trainer writes `{"exitCode", "reason", "message"}` to /dev/termination-log.
-    """
-    if not message:
-        return None, None
-    try:
-        data = json.loads(message)
-    except ValueError:
-        return None, None
-    if not isinstance(data, dict) or not isinstance(data.get("exitCode"), int):
-        return None, None
-    text = data.get("message")
-    return data["exitCode"], str(text)[:512] if text else None
 
 
 def summarize_job(body: Mapping[str, Any]) -> AttemptObserved:

@@ -1,15 +1,24 @@
-"""The node command: `accelerate launch` exactly as every trainer pod (and `ftjob run`) runs it.
+"""The node command, exactly as every trainer pod (and `ftjob run`) runs it: the launcher around `accelerate launch`.
+
+`python -m finetune_trainer.launch -- accelerate launch ... -m finetune_trainer --config .../trainer.json`. The
+launcher (`finetune_trainer.launch`) is what makes the trainer's permanent exit codes (64-66) the container's
+exit code and stops torch elastic from restarting a worker group that failed permanently; without it the attempt
+Job's podFailurePolicy could never match. This module is the one place that command is built.
 
 Rendezvous backend, max restarts and the rendezvous timeout are command-line flags because accelerate
-ignores them in its YAML (shared/research/trainer.md 1.4). The machine rank is the Indexed Job's
-completion index, expanded by Kubernetes from `$(JOB_COMPLETION_INDEX)`.
+ignores them in its YAML. The machine rank is the Indexed Job's completion index, expanded by Kubernetes from
+`$(JOB_COMPLETION_INDEX)`.
 """
+
+from typing import Final
 
 from finetune_api import constants
 from finetune_api.v1alpha1.resource import FineTuneJob
 from finetune_operator.render.topology import Topology
 
 _TIMEOUT_KEY = {"c10d": "join_timeout", "static": "timeout"}
+LAUNCHER: Final = ("python", "-m", "finetune_trainer.launch", "--")
+"""The launcher in front of `accelerate launch`; `ftjob run` points `python` at its own interpreter."""
 
 
 def render_node_command(
@@ -23,6 +32,7 @@ def render_node_command(
     """argv of one node; `machine_rank` is an expansion in a pod and a number in a local run."""
     rdzv = job.spec.distributed.rendezvous
     return [
+        *LAUNCHER,
         "accelerate",
         "launch",
         "--config_file",

@@ -207,7 +207,8 @@ def render_job(
 
     `backoffLimit: 0` because a restarted single pod cannot rejoin a torch rendezvous on its own:
     the operator restarts the whole gang as the next attempt. The pod-failure policy fails the Job
-    at once on the trainer's permanent exit codes, so its condition already says why.
+    at once (reason `PodFailurePolicy`) on the trainer's permanent exit codes, which are the container's
+    own because the pod runs the launcher (`render/command.py`); the pod's termination message says why.
     """
     labels = names.attempt_labels(job, attempt)
     queue = job.metadata.labels.get(constants.KUEUE_QUEUE_LABEL)
