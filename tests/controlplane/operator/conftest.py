@@ -11,10 +11,12 @@ from __future__ import annotations
 import copy
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -65,6 +67,9 @@ class Operator:
     mode: tuple[str, ...] = ("--standalone",)
     policy: tuple[str, ...] = POLICY_FLAGS
     proc: subprocess.Popen[bytes] | None = None
+    tmpdir: Path | None = None
+    """The process's TMPDIR, removed once it has exited: the Kubernetes client copies the kubeconfig's client key
+    into a temp file and deletes it only at a clean exit, so a SIGKILLed operator would leave the key behind."""
 
     def start(self) -> None:
         """Start it and wait until kopf's liveness endpoint answers (startup handlers done)."""
@@ -74,7 +79,8 @@ class Operator:
             "--progress-port", str(self.progress_port), "--metrics-port", str(self.metrics_port),
             "--progress-url", f"https://127.0.0.1:{self.progress_port}",
         ]
-        env = {**os.environ, "KUBECONFIG": str(self.cluster.kubeconfig)}
+        self.tmpdir = Path(tempfile.mkdtemp(prefix="ftjob-operator-"))
+        env = {**os.environ, "KUBECONFIG": str(self.cluster.kubeconfig), "TMPDIR": str(self.tmpdir)}
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT)
         wait_until(self._live, timeout=30, interval=0.2, what="operator liveness")
@@ -94,6 +100,7 @@ class Operator:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(10)
+        self._remove_tmpdir()
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -102,6 +109,12 @@ class Operator:
                 self.proc.wait(15)
             except subprocess.TimeoutExpired:
                 self.kill()
+        self._remove_tmpdir()
+
+    def _remove_tmpdir(self) -> None:
+        if self.tmpdir is not None and (self.proc is None or self.proc.poll() is not None):
+            shutil.rmtree(self.tmpdir, ignore_errors=True)
+            self.tmpdir = None
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-20000:]
