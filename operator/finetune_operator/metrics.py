@@ -44,7 +44,7 @@ PROGRESS_TOKEN_REVIEWS = Counter(
     registry=REGISTRY,
 )
 PROGRESS_CONNECTIONS = Gauge(
-    "finetune_progress_connections", "Open connections to the progress endpoint (TLS done).", registry=REGISTRY
+    "finetune_progress_connections", "Open connections to the progress endpoint (from TCP accept).", registry=REGISTRY
 )
 PROGRESS_CONNECTIONS_REFUSED = Counter(
     "finetune_progress_connections_refused_total",

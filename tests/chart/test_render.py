@@ -88,7 +88,8 @@ def test_default_install_is_cluster_wide_with_peering(helm: Helm) -> None:
     docs = release_objects(rendered(helm, "default"))
     kinds = sorted({d["kind"] for d in docs})
     assert kinds == sorted(
-        ["ClusterKopfPeering", "ClusterRole", "ClusterRoleBinding", "Deployment", "Secret", "Service", "ServiceAccount"]
+        ["ClusterKopfPeering", "ClusterRole", "ClusterRoleBinding", "Deployment", "NetworkPolicy", "Secret", "Service",
+         "ServiceAccount"]
     )
     assert not find(docs, "Role") and not find(docs, "RoleBinding")
     (deployment,) = find(docs, "Deployment")

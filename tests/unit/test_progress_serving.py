@@ -157,3 +157,28 @@ def test_one_address_cannot_take_every_slot() -> None:
             w.close()
 
     run(scenario, gate=gate)
+
+
+def test_connections_still_in_their_tls_handshake_count_against_the_cap() -> None:
+    """A client that connects and never says hello already holds a slot (and asyncio's TLS buffers):
+    the gate counts it from the TCP accept, so such connections cannot pile up past the cap."""
+    cert, key, _ = ensure_pair(None, None, ["127.0.0.1"])
+    gate = ConnectionGate(limit=4, per_source=100)
+
+    async def scenario(port: int) -> None:
+        silent = [await asyncio.open_connection("127.0.0.1", port) for _ in range(4)]
+        await asyncio.sleep(0.2)
+        assert gate.open == 4
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        assert await closed_by_server(reader)  # the fifth is turned away before any TLS
+        writer.close()
+        for _, w in silent:
+            w.close()
+        for _ in range(int(WAIT * 10)):
+            if gate.open == 0:
+                break
+            await asyncio.sleep(0.1)
+        assert gate.open == 0
+        assert (await get(port, client_tls())).endswith(b"hello")
+
+    run(scenario, tls=server_context(cert, key), gate=gate)

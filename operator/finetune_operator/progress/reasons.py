@@ -69,6 +69,25 @@ ANSWERS: Final[dict[Reason, tuple[int, str]]] = {
     "internal": (500, "internal error"),
 }
 
+QUIET: Final[frozenset[Reason]] = frozenset(
+    {
+        "no_token",
+        "malformed_token",
+        "wrong_audience",
+        "expired_token",
+        "other_namespace",
+        "not_pod_bound",
+        "unknown_job",
+        "refused_recently",
+        "source_rate",
+        "global_rate",
+        "review_busy",
+        "job_rate",
+    }
+)
+"""Refusals that cost nothing and may come by the thousand in a flood: counted, but logged at debug only
+(an INFO line each would let a flood fill the operator's log)."""
+
 RESULTS: Final[dict[int, str]] = {
     200: "accepted",
     400: "invalid",

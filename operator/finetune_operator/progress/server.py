@@ -24,7 +24,7 @@ from finetune_api.v1alpha1.status import TrainerReport
 from finetune_operator import metrics
 from finetune_operator.progress.auth import Authenticator
 from finetune_operator.progress.ratelimit import RateLimiter
-from finetune_operator.progress.reasons import ANSWERS, RESULTS, Reason
+from finetune_operator.progress.reasons import ANSWERS, QUIET, RESULTS, Reason
 from finetune_operator.progress.serving import BODY_TIMEOUT_SECONDS
 from finetune_operator.progress.validate import output_refusal
 
@@ -99,7 +99,8 @@ def build_app(auth: Authenticator, limiter: RateLimiter, write_status: StatusWri
             return refusal("too_large")
         decision = await auth.check(ns, name, _bearer(request), request.remote)
         if not decision.allowed or decision.facts is None:
-            log.info("progress push for %s/%s refused: %s", ns, name, decision.reason)
+            level = logging.DEBUG if decision.reason in QUIET else logging.INFO
+            log.log(level, "progress push for %s/%s refused: %s", ns, name, decision.reason)
             return _answer(decision.status, decision.reason or "internal")
         if not limiter.allow((ns, name)):
             return refusal("job_rate")

@@ -9,9 +9,12 @@ number of connections: 400 half-sent requests held 226 MB for as long as the cli
   starts when the connection opens and which arriving bytes do not push back);
 * the body must arrive within `BODY_TIMEOUT_SECONDS` (the handler's read, in `server`);
 * at most `MAX_CONNECTIONS` connections are open at once, `MAX_CONNECTIONS_PER_SOURCE` from one client
-  address; past that a new connection is closed at once (`ConnectionGate`).
+  address, counted from the TCP accept (a connection in its TLS handshake already holds asyncio's 256 KiB
+  TLS read buffer); past that a new connection is closed at once (`ConnectionGate`), before any TLS.
 
-A trainer opens one short connection per report, so none of these limits touch it.
+A trainer opens one short connection per report (1,000 jobs reporting every 5 s keep a handful open at
+once), so none of these limits touch it. The worst a client can hold is then about MAX_CONNECTIONS times
+0.4 MB for HEADER_TIMEOUT_SECONDS plus HANDSHAKE_TIMEOUT_SECONDS.
 """
 
 import asyncio
@@ -29,8 +32,8 @@ HEADER_TIMEOUT_SECONDS = 10.0
 BODY_TIMEOUT_SECONDS = 10.0
 LINGERING_SECONDS = 2.0
 """How long an unread body is drained after an early answer (401, 429) before the connection closes."""
-MAX_CONNECTIONS = 256
-MAX_CONNECTIONS_PER_SOURCE = 32
+MAX_CONNECTIONS = 64
+MAX_CONNECTIONS_PER_SOURCE = 8
 MAX_HEADERS = 32
 
 
@@ -66,13 +69,20 @@ class ConnectionGate:
 
 
 class GatedProtocol(asyncio.Protocol):
-    """Stands in front of aiohttp's protocol for one connection: admitted ones are handed over, others closed."""
+    """One accepted TCP connection: counted against the gate *before* TLS (a handshake holds memory too:
+    asyncio gives each TLS connection a 256 KiB read buffer), upgraded to TLS here with a handshake
+    timeout, then handed to aiohttp's protocol. Turned away at once when the gate is full."""
 
-    def __init__(self, gate: ConnectionGate, server: web.Server) -> None:
+    def __init__(self, gate: ConnectionGate, server: web.Server, tls: ssl.SSLContext | None) -> None:
         self._gate = gate
         self._server = server
+        self._tls = tls
         self._inner: Any = None
         self._source: str | None = None
+        self._admitted = False
+        self._early: list[bytes] = []  # data that arrived between the TLS handshake and the hand-over
+        self._early_eof = False
+        self._handshake: asyncio.Task[None] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         peer = transport.get_extra_info("peername")
@@ -80,22 +90,61 @@ class GatedProtocol(asyncio.Protocol):
         if not self._gate.admit(source):
             transport.abort()  # type: ignore[attr-defined]
             return
-        self._source = source
+        self._admitted, self._source = True, source
+        if self._tls is None:
+            self._hand_over(transport)
+        else:
+            self._handshake = asyncio.get_running_loop().create_task(self._upgrade(transport, self._tls))
+
+    async def _upgrade(self, transport: asyncio.BaseTransport, tls: ssl.SSLContext) -> None:
+        try:
+            secure = await asyncio.get_running_loop().start_tls(
+                transport,  # type: ignore[arg-type]
+                self,
+                tls,
+                server_side=True,
+                ssl_handshake_timeout=HANDSHAKE_TIMEOUT_SECONDS,
+            )
+        except Exception:  # no handshake in time, not TLS, or the client went away: nothing to keep
+            transport.abort()  # type: ignore[attr-defined]
+            self._release()
+            return
+        if secure is None or secure.is_closing():
+            self._release()
+            return
+        self._hand_over(secure)
+
+    def _hand_over(self, transport: asyncio.BaseTransport) -> None:
         self._inner = self._server()
         self._inner.connection_made(transport)
+        for data in self._early:
+            self._inner.data_received(data)
+        self._early.clear()
+        if self._early_eof:
+            self._inner.eof_received()
+
+    def _release(self) -> None:
+        if self._admitted:
+            self._admitted = False
+            self._gate.release(self._source)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._release()
         if self._inner is not None:
             inner, self._inner = self._inner, None
-            self._gate.release(self._source)
             inner.connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
         if self._inner is not None:
             self._inner.data_received(data)
+        elif self._admitted:
+            self._early.append(data)
 
     def eof_received(self) -> bool | None:
-        return self._inner.eof_received() if self._inner is not None else None
+        if self._inner is not None:
+            return bool(self._inner.eof_received())
+        self._early_eof = True
+        return None
 
     def pause_writing(self) -> None:
         if self._inner is not None:
@@ -107,7 +156,7 @@ class GatedProtocol(asyncio.Protocol):
 
 
 class GatedSite(web.BaseSite):
-    """A TCP site whose connections pass a `ConnectionGate`, with a TLS handshake timeout."""
+    """A TCP site whose connections pass a `ConnectionGate` (before TLS), with a TLS handshake timeout."""
 
     def __init__(
         self,
@@ -131,13 +180,12 @@ class GatedSite(web.BaseSite):
         await super().start()
         server = self._runner.server
         assert server is not None
-        gate = self.gate
+        gate, tls = self.gate, self._ssl_context
+        # A plain TCP server: TLS is started per connection by GatedProtocol, after the gate admitted it.
         self._server = await asyncio.get_running_loop().create_server(
-            lambda: GatedProtocol(gate, server),
+            lambda: GatedProtocol(gate, server, tls),
             self.host,
             self.requested_port,
-            ssl=self._ssl_context,
-            ssl_handshake_timeout=HANDSHAKE_TIMEOUT_SECONDS if self._ssl_context else None,
             backlog=self._backlog,
             reuse_address=True,
         )
