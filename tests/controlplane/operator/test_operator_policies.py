@@ -159,7 +159,7 @@ def test_a_spec_edited_while_suspended_resumes_with_the_new_pod_template(
     old_uid = get(cluster, namespace, "job", "demo-1")["metadata"]["uid"]
     edit = {
         "spec": {
-            "template": {"image": "trainer:v2"},
+            "template": {"image": "ghcr.io/finetune-operator/trainer:v2"},  # within the default pod policy
             "training": {"learningRate": 5e-5},
             "runPolicy": {"suspend": False},
         }
@@ -171,7 +171,7 @@ def test_a_spec_edited_while_suspended_resumes_with_the_new_pod_template(
         return job if job and job["metadata"]["uid"] != old_uid else None
 
     job = wait_until(replaced, timeout=30, what="attempt 1's Job recreated from the edited spec")
-    assert job["spec"]["template"]["spec"]["containers"][0]["image"] == "trainer:v2"
+    assert job["spec"]["template"]["spec"]["containers"][0]["image"] == "ghcr.io/finetune-operator/trainer:v2"
     st = wait_phase(cluster, namespace, "Running", timeout=30)
     assert (st["attempt"], st["restarts"]) == (1, 0)
     trainer_json = json.loads(get(cluster, namespace, "configmap", "demo-config")["data"]["trainer.json"])
