@@ -28,7 +28,8 @@ from tests.controlplane.operator.conftest import Operator, apply, condition, ftj
 pytestmark = pytest.mark.controlplane
 JOB = "web"
 CHILD_LABEL = "finetune.dev/job-name"
-INVALID_TOLERATION = [{"key": "gpu", "operator": "Sometimes"}]  # free-form to the CRD, refused by the API server
+# Within the pod policy (an allowed key), free-form to the CRD, refused by the API server (no such operator).
+INVALID_TOLERATION = [{"key": "nvidia.com/gpu", "operator": "Sometimes"}]
 
 
 @dataclass(frozen=True)
