@@ -5,11 +5,11 @@ Llama and its arithmetic chat data:
   * trains: both nodes exit 0, the loss falls;
   * saves a non-empty adapter: every tensor in adapter_model.safetensors has elements, lora_B is not all zero;
   * reloads: in a fresh process, base model (+ the same 4-bit quantization) + PeftModel.from_pretrained reproduces
-    the logits the trainer wrote at the end of training (output.probe_path), and differ from the base model's;
+    the logits the trainer wrote at the end of training (output.probePath), and differ from the base model's;
 and for each of them a resume test (`*_resume`): node 1's process group is SIGKILLed mid-training, node 0 gets SIGTERM then SIGKILL
 (what deleting the attempt's Job does), both are relaunched, and the run must resume from the newest *complete*
 checkpoint, finish, and its adapter must pass the same reload check.
-The only change to the rendered files is `output.probe_path` in trainer.json (a test-only field).
+The only change to the rendered files is `output.probePath` in trainer.json (a test-only field).
 
     python3 bench/correctness.py --out $OUT [--only c_zero3,...] [--budget 300]
 Writes $OUT/correctness.jsonl.
@@ -147,7 +147,7 @@ def losses_from_log(path: Path) -> list[float]:
 def run_config(name: str, out: Path, log: Any, budget_left: float) -> dict[str, Any]:
     spec = CONFIGS[name]()
     wd = WORK / name
-    run = H.render_job(spec, wd, timed=False, trainer_updates={"output": {"probe_path": str(wd / "probe.safetensors")}})
+    run = H.render_job(spec, wd, timed=False, trainer_updates={"output": {"probePath": str(wd / "probe.safetensors")}})
     quant = "quantization" in spec["spec"]["model"]
     t = time.time()
     procs = H.start_nodes(run)
@@ -195,7 +195,7 @@ def run_resume(name: str, out: Path, log: Any, budget_left: float) -> dict[str, 
     spec = job(job_name, zero=3, steps=60, save_steps=10, extra=extra)
     quant = "quantization" in spec["spec"]["model"]
     wd = WORK / name
-    probe = {"output": {"probe_path": str(wd / "probe.safetensors")}}
+    probe = {"output": {"probePath": str(wd / "probe.safetensors")}}
     run = H.render_job(spec, wd, timed=False, trainer_updates=probe)
     ckpt = run.checkpoint_dir
     res: dict[str, Any] = {"name": name, "plan": f"ZeRO-{run.plan.strategy.zero_stage}/{run.plan.strategy.offload}"}

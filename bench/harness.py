@@ -102,12 +102,12 @@ def render_job(job_dict: dict[str, Any], workdir: Path, *, timed: bool, trainer_
                ) -> RenderedRun:
     """render_all on the job, files written to workdir/config, node commands for local ranks.
 
-    `trainer_updates` (e.g. {"output": {"probe_path": ...}}) is merged into trainer.json after rendering: only for
+    `trainer_updates` (e.g. {"output": {"probePath": ...}}) is merged into trainer.json after rendering: only for
     fields the operator never renders (test probes)."""
     from finetune_api.v1alpha1.resource import FineTuneJob
     from finetune_operator.render import RenderOptions, render_all, render_files
     from finetune_operator.render.command import LAUNCHER, render_node_command
-    from finetune_api.trainer_input import TrainerConfig
+    from finetune_api.trainer_input import TrainerInput
 
     job = FineTuneJob.model_validate(job_dict)
     config_dir, checkpoint_dir = workdir / "config", workdir / "checkpoints"
@@ -116,7 +116,7 @@ def render_job(job_dict: dict[str, Any], workdir: Path, *, timed: bool, trainer_
     rendered = render_all(job, RenderOptions(config_dir=str(config_dir), checkpoint_dir=str(checkpoint_dir)))
     files = dict(rendered.files)
     if trainer_updates:
-        trainer = TrainerConfig.model_validate(deep_merge(rendered.trainer.model_dump(), trainer_updates))
+        trainer = TrainerInput.model_validate(deep_merge(rendered.trainer.to_dict(), trainer_updates))
         files = render_files(rendered.accelerate, rendered.deepspeed, trainer)
     for name, text in files.items():
         (config_dir / name).write_text(text)

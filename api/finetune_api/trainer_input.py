@@ -1,158 +1,109 @@
 """`trainer.json`: everything the trainer reads, rendered by the operator from a FineTuneJob.
 
-Field names follow TRL / transformers / PEFT (snake_case), so the trainer is a thin translation.
-This module imports only pydantic: the operator (no torch) builds it, the trainer (torch) reads it.
+Layout (schemaVersion 2): an envelope around the spec's own sections, resolved.
 
-Defaults that differ from TRL's `SFTConfig`: `gradient_checkpointing` stays as the spec says (TRL: True),
-`bf16` follows `mixed_precision` (TRL: True unless fp16), `learning_rate` 1e-4 (TRL: 2e-5),
-`logging_steps` 5 (TRL: 10), `save_total_limit` 2 (transformers: unlimited).
+* `model`, `dataset`, `adapter`, `training` are the FineTuneJob API's models (`finetune_api.v1alpha1.spec`), in
+  the API's camelCase, with every default filled in: what the user wrote is what the trainer reads, under the same
+  names. `model` is `ModelSource` (spec.model without `tokenSecretRef`): tokens reach the trainer only through
+  its environment (HF_TOKEN), never through this file.
+* `output` is where the trainer writes in its pod (checkpoint and adapter directories) and the Hub target
+  (`HubTarget`: spec.output.hub without `tokenSecretRef`); the volume behind the directories is the operator's.
+* `strategy` is what the operator decided and the trainer must follow: machines and processes, the ZeRO stage
+  (`zeroStage: auto` resolved by the planner), CPU or GPU, and the dtype the base model is loaded in.
+* `job` names the run, for the model card and the progress channel.
+
+So a new training option is two edits: the field on the API model (`TrainingSpec`, with its description) and one
+line in the trainer's translator (`finetune_trainer.arguments`), the only place where our names meet TRL's and
+transformers'. Nothing copies the spec field by field.
+
+This module imports only pydantic and the API models: the operator (no torch) builds it, the trainer (torch)
+reads it.
 
 Versioning. The file carries `schemaVersion` (`MAJOR.MINOR`) because the operator and the trainer image are
 upgraded separately (users build their own trainer images): an operator one minor version ahead adds fields an
 older trainer does not know, and that must not fail the job. `read_trainer_input` therefore drops fields it does
 not know when the file's minor version is newer than its own (and says which, once), and refuses a different
 major version with a message naming both. Within one version, unknown fields are still an error: they are typos.
-Adding a field is a minor bump; renaming, removing or changing the meaning of one is a major bump.
+Adding a field (a new spec option included) is a minor bump; renaming, removing or changing the meaning of one is
+a major bump. 2.0 replaced 1.x's snake_case copy of the spec (`data`, `lora`, `distributed`, TRL's names).
 """
 
 import types
 import typing
-from typing import Any, Final, Literal
+from typing import Any, Final
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
-Dtype = Literal["bfloat16", "float16", "float32"]
+from finetune_api.v1alpha1.base import ApiModel
+from finetune_api.v1alpha1.spec import (
+    AdapterSpec,
+    DatasetSpec,
+    Dtype,
+    HubTarget,
+    ModelSource,
+    TrainingSpec,
+)
 
+SCHEMA_VERSION: Final = "2.0"
+"""The layout this package writes and reads; a trainer.json without `schemaVersion` is 1.0 (refused)."""
 
-class _Config(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class QuantizationConfig(_Config):
-    """bitsandbytes 4-bit; the model is loaded in `storage_dtype` so ZeRO-3 can shard it."""
-
-    quant_type: Literal["nf4", "fp4"] = "nf4"
-    double_quant: bool = True
-    compute_dtype: Dtype = "bfloat16"
-    storage_dtype: Dtype = "bfloat16"
-
-
-class ModelConfig(_Config):
-    """The base model."""
-
-    name_or_path: str
-    revision: str = "main"
-    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = "sdpa"
-    dtype: Dtype = "bfloat16"
-    quantization: QuantizationConfig | None = None
-    trust_remote_code: bool = False
+_UNVERSIONED: Final = "1.0"
 
 
-class DataConfig(_Config):
-    """Dataset and tokenization."""
-
-    name_or_path: str
-    splits: list[str] = Field(default_factory=lambda: ["train", "test"])
-    text_field: str = "content"
-    chat_template_format: Literal["chatml", "zephyr", "none"] = "none"
-    add_special_tokens: bool = False
-    append_concat_token: bool = False
-    max_seq_len: int = 2048
-    packing: bool = True
-
-
-class LoraConfig(_Config):
-    """PEFT LoRA."""
-
-    r: int = 8
-    alpha: int = 16
-    dropout: float = 0.1
-    target_modules: str | list[str] = "all-linear"
-
-
-class TrainingConfig(_Config):
-    """Hyper-parameters, named as in transformers' TrainingArguments."""
-
-    num_train_epochs: float = 1.0
-    max_steps: int = -1
-    learning_rate: float = 1e-4
-    lr_scheduler_type: str = "cosine"
-    weight_decay: float = 1e-4
-    warmup_steps: int = 0
-    max_grad_norm: float = 1.0
-    per_device_train_batch_size: int = 8
-    per_device_eval_batch_size: int = 8
-    gradient_accumulation_steps: int = 1
-    gradient_checkpointing: bool = True
-    use_reentrant: bool = False
-    offload_activations: bool = False
-    mixed_precision: Literal["no", "fp16", "bf16"] = "bf16"
-    seed: int = 100
-    logging_steps: int = 5
-    eval_strategy: Literal["no", "steps", "epoch"] = "epoch"
-    eval_steps: int | None = None
-    save_strategy: Literal["no", "steps", "epoch"] = "epoch"
-    save_steps: int | None = None
-    save_total_limit: int | None = 2
-    merge_adapter: bool = False
-    full_determinism: bool = False
-    """Added for the trainer: transformers' `full_determinism` (deterministic kernels; slower on GPU).
-    CPU runs are already reproducible with `seed`; the resume tests do not need it."""
-
-
-class HubConfig(_Config):
-    """Push target; the token comes from the HF_TOKEN environment variable, never from this file."""
-
-    repo_id: str
-    private: bool = True
-    strategy: Literal["end", "every_save", "checkpoint", "all_checkpoints"] = "every_save"
-    endpoint: str | None = None
-
-
-class OutputConfig(_Config):
-    """Where checkpoints and the final adapter are written."""
-
-    checkpoint_dir: str = "/checkpoints"
-    adapter_dir: str = "/checkpoints/adapter"
-    hub: HubConfig | None = None
-    probe_path: str | None = None
-    """Added for the trainer: when set, the final model's logits on a fixed probe text are written here
-    (safetensors: `input_ids`, `logits`), so a test can check that the saved adapter reproduces them."""
-
-
-class DistributedConfig(_Config):
-    """What the launcher set up; the trainer only reads it to log and to pick per-stage workarounds."""
-
-    num_machines: int = 1
-    num_processes: int = 1
-    zero_stage: int = Field(default=0, ge=0, le=3)
-    use_cpu: bool = False
-
-
-class JobInfo(_Config):
+class JobIdentity(ApiModel):
     """Who this run is, for the model card and the progress channel."""
 
-    name: str
-    namespace: str = "default"
+    name: str = Field(description="The FineTuneJob's name.")
+    namespace: str = Field(default="default", description="The FineTuneJob's namespace.")
 
 
-SCHEMA_VERSION: Final = "1.0"
-"""The layout this package writes and reads; a trainer.json without `schemaVersion` is 1.0."""
+class TrainerOutput(ApiModel):
+    """Where the trainer writes, as paths inside its pod, and where it pushes."""
+
+    checkpoint_dir: str = Field(description="Trainer checkpoints (the Trainer's output_dir), on the job's volume.")
+    adapter_dir: str = Field(description="The final adapter and its model card.")
+    hub: HubTarget | None = Field(default=None, description="Push target; the token comes from HF_TOKEN.")
+    probe_path: str | None = Field(
+        default=None,
+        description=(
+            "Test knob, never rendered by the operator: when set, the final model's logits on a fixed probe text "
+            "are written here (safetensors: input_ids, logits), so a test can check that the saved adapter "
+            "reproduces them."
+        ),
+    )
 
 
-class TrainerConfig(_Config):
+class RunStrategy(ApiModel):
+    """What the operator decided from the spec and the memory plan; the launcher set up the processes to match."""
+
+    num_machines: int = Field(default=1, ge=1, description="Pods (accelerate's num_machines).")
+    num_processes: int = Field(default=1, ge=1, description="Processes across all pods (accelerate's num_processes).")
+    zero_stage: int = Field(default=0, ge=0, le=3, description="ZeRO stage after `auto`; 0 is plain data parallel.")
+    use_cpu: bool = Field(default=False, description="A CPU-only job (gpusPerNode: 0).")
+    dtype: Dtype = Field(
+        default="bfloat16",
+        description=(
+            "The dtype the base model is loaded in: the 4-bit storage dtype under QLoRA (so ZeRO-3 can shard it), "
+            "else the one training.mixedPrecision computes in."
+        ),
+    )
+
+
+class TrainerInput(ApiModel):
     """The whole of trainer.json."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, serialize_by_alias=True)
+    schema_version: str = Field(default=SCHEMA_VERSION, pattern=r"^[0-9]+\.[0-9]+$")
+    job: JobIdentity
+    model: ModelSource
+    dataset: DatasetSpec
+    adapter: AdapterSpec = Field(default_factory=AdapterSpec)
+    training: TrainingSpec = Field(default_factory=TrainingSpec)
+    output: TrainerOutput
+    strategy: RunStrategy = Field(default_factory=RunStrategy)
 
-    schema_version: str = Field(default=SCHEMA_VERSION, alias="schemaVersion", pattern=r"^[0-9]+\.[0-9]+$")
-    job: JobInfo
-    model: ModelConfig
-    data: DataConfig
-    lora: LoraConfig | None = Field(default_factory=LoraConfig)
-    training: TrainingConfig = Field(default_factory=TrainingConfig)
-    output: OutputConfig = Field(default_factory=OutputConfig)
-    distributed: DistributedConfig = Field(default_factory=DistributedConfig)
+    def to_json(self) -> str:
+        """trainer.json's text: camelCase keys (as the API writes them), every field, nulls included."""
+        return self.model_dump_json(indent=2, by_alias=True)
 
 
 class SchemaVersionError(ValueError):
@@ -192,12 +143,12 @@ def _drop_unknown(model: type[BaseModel], data: Any, path: str, dropped: list[st
     return kept
 
 
-def read_trainer_input(raw: Any) -> tuple[TrainerConfig, list[str]]:
-    """Validate a parsed trainer.json: the config, and the fields dropped because a newer minor version wrote them.
+def read_trainer_input(raw: Any) -> tuple[TrainerInput, list[str]]:
+    """Validate a parsed trainer.json: the input, and the fields dropped because a newer minor version wrote them.
 
     Raises `SchemaVersionError` for another major version, pydantic's `ValidationError` for anything else wrong.
     """
-    written = raw.get("schemaVersion", "1.0") if isinstance(raw, dict) else SCHEMA_VERSION
+    written = raw.get("schemaVersion", _UNVERSIONED) if isinstance(raw, dict) else SCHEMA_VERSION
     (major, minor), (ours_major, ours_minor) = _version(str(written)), _version(SCHEMA_VERSION)
     if major != ours_major:
         raise SchemaVersionError(
@@ -206,5 +157,5 @@ def read_trainer_input(raw: Any) -> tuple[TrainerConfig, list[str]]:
         )
     dropped: list[str] = []
     if minor > ours_minor:
-        raw = _drop_unknown(TrainerConfig, raw, "", dropped)
-    return TrainerConfig.model_validate(raw), dropped
+        raw = _drop_unknown(TrainerInput, raw, "", dropped)
+    return TrainerInput.model_validate(raw), dropped

@@ -120,29 +120,30 @@ def test_model_varlen_on_gpu_matches_per_document():
 
 
 def _cfg(**over):
-    from finetune_api.trainer_input import TrainerConfig
+    from finetune_api.trainer_input import TrainerInput
 
     base = {
         "job": {"name": "t"},
-        "model": {"name_or_path": "m"},
-        "data": {"name_or_path": "d", "packing": True},
-        "training": {"gradient_checkpointing": False},
-        "distributed": {"zero_stage": 0},
+        "model": {"name": "m"},
+        "dataset": {"name": "d", "packing": True},
+        "training": {"gradientCheckpointing": False},
+        "output": {"checkpointDir": "/c", "adapterDir": "/c/adapter"},
+        "strategy": {"zeroStage": 0},
     }
     for k, v in over.items():
         base[k] = {**base.get(k, {}), **v}
-    return TrainerConfig.model_validate(base)
+    return TrainerInput.model_validate(base)
 
 
 def test_resolve_levers_rules():
     assert speed.resolve_levers(_cfg(), cuda=False, env={}) == set()
     assert speed.resolve_levers(_cfg(), cuda=True, env={}) == {"varlen", "compile", "fused_adamw"}
     zero3 = speed.resolve_levers(
-        _cfg(distributed={"zero_stage": 3}, training={"gradient_checkpointing": True}), cuda=True, env={}
+        _cfg(strategy={"zeroStage": 3}, training={"gradientCheckpointing": True}), cuda=True, env={}
     )
     assert "compile" not in zero3 and "fused_adamw" not in zero3 and "varlen" in zero3
-    assert "compile" not in speed.resolve_levers(_cfg(training={"gradient_checkpointing": True}), cuda=True, env={})
-    assert "varlen" not in speed.resolve_levers(_cfg(data={"packing": False}), cuda=True, env={})
+    assert "compile" not in speed.resolve_levers(_cfg(training={"gradientCheckpointing": True}), cuda=True, env={})
+    assert "varlen" not in speed.resolve_levers(_cfg(dataset={"packing": False}), cuda=True, env={})
     assert speed.resolve_levers(_cfg(), cuda=True, env={"FTJOB_SPEED": "none"}) == set()
     assert speed.resolve_levers(_cfg(), cuda=False, env={"FTJOB_SPEED": "varlen"}) == {"varlen"}
     with pytest.raises(ValueError):

@@ -133,7 +133,7 @@ def test_a_bad_dataset_fails_at_once_with_exit_65_and_fresh_starts_over(tmp_path
     assert proc.returncode == constants.EXIT_BAD_DATASET, output[-6000:]
     assert "ftjob run: failed with exit code 65 (permanent: bad dataset" in proc.stderr
     assert started(output) == 1, output[-6000:]  # maxRestarts 3, yet no elastic restart
-    assert "data.textField 'nosuchfield' is not a column" in output
+    assert "dataset.textField 'nosuchfield' is not a column" in output
     assert not stale.exists() and "resuming" not in output, "--fresh did not start over"
 
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from finetune_api.trainer_input import TrainerConfig
+from finetune_api.trainer_input import TrainerInput
 from finetune_operator.cli import load_job
 from finetune_operator.render import RenderOptions, render_all
 
@@ -63,21 +63,21 @@ DDP_FILES = rendered_launch_files(0)  # MULTI_GPU (plain DDP over gloo), use_cpu
 
 # Fast, deterministic defaults for the tiny model: ~0.1 s per step and process on one core.
 TRAINING: dict[str, Any] = {
-    "max_steps": 12,
-    "learning_rate": 0.02,
-    "lr_scheduler_type": "constant",
-    "warmup_steps": 0,
-    "per_device_train_batch_size": 2,
-    "per_device_eval_batch_size": 4,
-    "gradient_accumulation_steps": 1,
-    "gradient_checkpointing": False,
-    "mixed_precision": "no",
+    "maxSteps": 12,
+    "learningRate": 0.02,
+    "lrSchedulerType": "constant",
+    "warmupSteps": 0,
+    "perDeviceTrainBatchSize": 2,
+    "perDeviceEvalBatchSize": 4,
+    "gradientAccumulationSteps": 1,
+    "gradientCheckpointing": False,
+    "mixedPrecision": "no",
     "seed": 7,
-    "logging_steps": 1,
-    "eval_strategy": "no",
-    "save_strategy": "steps",
-    "save_steps": 4,
-    "save_total_limit": 3,
+    "loggingSteps": 1,
+    "evalStrategy": "no",
+    "saveStrategy": "steps",
+    "saveSteps": 4,
+    "saveTotalLimit": 3,
 }
 
 
@@ -95,37 +95,39 @@ def port_in_use(port: int) -> bool:
 def write_config(
     run_dir: Path,
     *,
-    data: dict[str, Any] | None = None,
+    model: dict[str, Any] | None = None,
+    dataset: dict[str, Any] | None = None,
     training: dict[str, Any] | None = None,
     output: dict[str, Any] | None = None,
-    **top: Any,
+    strategy: dict[str, Any] | None = None,
 ) -> Path:
-    """trainer.json for the tiny model, built and validated through TrainerConfig."""
+    """trainer.json for the tiny model (camelCase keys, as the operator writes them), validated through TrainerInput;
+    each keyword updates its section."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    cfg = TrainerConfig.model_validate(
+    cfg = TrainerInput.model_validate(
         {
             "job": {"name": run_dir.name, "namespace": "tests"},
-            "model": {"name_or_path": "builtin:tiny-llama", "dtype": "float32", "attn_implementation": "sdpa"},
-            "data": {
-                "name_or_path": "builtin:tiny-chat",
+            "model": {"name": "builtin:tiny-llama", "attnImplementation": "sdpa", **(model or {})},
+            "dataset": {
+                "name": "builtin:tiny-chat",
                 "splits": ["train"],
-                "max_seq_len": 128,
+                "maxSeqLen": 128,
                 "packing": True,
-                **(data or {}),
+                **(dataset or {}),
             },
-            "lora": {"r": 8, "alpha": 16, "dropout": 0.05, "target_modules": "all-linear"},
+            "adapter": {"r": 8, "alpha": 16, "dropout": 0.05, "targetModules": "all-linear"},
             "training": {**TRAINING, **(training or {})},
             "output": {
-                "checkpoint_dir": str(run_dir / "checkpoints"),
-                "adapter_dir": str(run_dir / "checkpoints" / "adapter"),
-                "probe_path": str(run_dir / "probe.safetensors"),
+                "checkpointDir": str(run_dir / "checkpoints"),
+                "adapterDir": str(run_dir / "checkpoints" / "adapter"),
+                "probePath": str(run_dir / "probe.safetensors"),
                 **(output or {}),
             },
-            **top,
+            "strategy": {"dtype": "float32", **(strategy or {})},
         }
     )
     path = run_dir / "trainer.json"
-    path.write_text(cfg.model_dump_json(indent=2))
+    path.write_text(cfg.to_json())
     return path
 
 
@@ -250,6 +252,6 @@ def wait_for(predicate: Any, *, timeout: float, what: str, job: Launch | None = 
 def zero3_run(tmp_path_factory: pytest.TempPathFactory, trainer_env: dict[str, str]) -> Iterator[Path]:
     """One uninterrupted ZeRO-3, 2-process run shared by the training and resume tests."""
     run_dir = tmp_path_factory.mktemp("zero3")
-    run(write_config(run_dir, distributed={"num_processes": 2, "zero_stage": 3, "use_cpu": True}), trainer_env,
+    run(write_config(run_dir, strategy={"numProcesses": 2, "zeroStage": 3, "useCpu": True}), trainer_env,
         files=ZERO3_FILES)  # fmt: skip
     yield run_dir

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from finetune_api.trainer_input import TrainerConfig
+from finetune_api.trainer_input import TrainerInput
 from tests.trainer.launching import write_config
 
 pytestmark = pytest.mark.trainer
@@ -19,9 +19,9 @@ def tokenized(tmp_path: Path, trainer_env: dict[str, str], **data: object) -> tu
     from finetune_trainer.data import load_data
     from finetune_trainer.templates import install_chat_template
 
-    cfg = TrainerConfig.model_validate_json(write_config(tmp_path, data=dict(data)).read_text())
+    cfg = TrainerInput.model_validate_json(write_config(tmp_path, dataset=dict(data)).read_text())
     tokenizer = AutoTokenizer.from_pretrained(builtin.resolve_model(builtin.TINY_LLAMA))
-    install_chat_template(tokenizer, cfg.data.chat_template_format)
+    install_chat_template(tokenizer, cfg.dataset.chat_template_format)
     train, _ = load_data(cfg, builtin.resolve_dataset(builtin.TINY_CHAT), tokenizer)
     return list(train[0]["input_ids"]), tokenizer
 
@@ -35,18 +35,18 @@ def _env(trainer_env: dict[str, str], monkeypatch: pytest.MonkeyPatch, tmp_path:
 @pytest.mark.parametrize(
     ("data", "starts", "ends"),
     [
-        ({"chat_template_format": "none"}, "Question: What is", "."),
-        ({"chat_template_format": "chatml"}, "<|im_start|>user\nWhat is", "<|im_end|>\n"),
-        ({"chat_template_format": "zephyr"}, "<|user|>\nWhat is", "</s>\n"),
-        ({"chat_template_format": "none", "add_special_tokens": True}, "<s>Question:", "."),
-        ({"chat_template_format": "none", "append_concat_token": True}, "Question:", ".</s>"),
+        ({"chatTemplateFormat": "none"}, "Question: What is", "."),
+        ({"chatTemplateFormat": "chatml"}, "<|im_start|>user\nWhat is", "<|im_end|>\n"),
+        ({"chatTemplateFormat": "zephyr"}, "<|user|>\nWhat is", "</s>\n"),
+        ({"chatTemplateFormat": "none", "addSpecialTokens": True}, "<s>Question:", "."),
+        ({"chatTemplateFormat": "none", "appendConcatToken": True}, "Question:", ".</s>"),
     ],
     ids=[
         "plain text field is used as is",
         "chatml renders the messages column",
         "zephyr renders the messages column",
-        "add_special_tokens adds the BOS token",
-        "append_concat_token appends EOS between documents",
+        "addSpecialTokens adds the BOS token",
+        "appendConcatToken appends EOS between documents",
     ],
 )
 def test_rows_become_the_expected_text(

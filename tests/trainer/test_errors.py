@@ -51,9 +51,9 @@ def test_dataset_without_the_text_field_exits_65_naming_field_and_columns(
 ) -> None:
     data = tmp_path / "rows.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"q{i}", "answer": f"a{i}"}) + "\n" for i in range(8)))
-    config = write_config(tmp_path, data={"name_or_path": str(data), "text_field": "content"})
+    config = write_config(tmp_path, dataset={"name": str(data), "textField": "content"})
     assert run_main(config) == EXIT_BAD_DATASET
-    assert "data.textField 'content' is not a column" in caplog.text
+    assert "dataset.textField 'content' is not a column" in caplog.text
     assert "['prompt', 'answer']" in caplog.text
     record = json.loads((tmp_path / "exit.json").read_text())
     assert record["exitCode"] == EXIT_BAD_DATASET and record["reason"] == "BadDatasetError"
@@ -61,25 +61,25 @@ def test_dataset_without_the_text_field_exits_65_naming_field_and_columns(
 
 
 def test_missing_dataset_file_exits_65(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    config = write_config(tmp_path, data={"name_or_path": str(tmp_path / "nope.jsonl")})
+    config = write_config(tmp_path, dataset={"name": str(tmp_path / "nope.jsonl")})
     assert run_main(config) == EXIT_BAD_DATASET
     assert "nope.jsonl" in caplog.text
 
 
 def test_unknown_model_path_exits_66(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    config = write_config(tmp_path, model={"name_or_path": "/models/does-not-exist", "dtype": "float32"})
+    config = write_config(tmp_path, model={"name": "/models/does-not-exist"})
     assert run_main(config) == EXIT_UNKNOWN_MODEL
-    assert "model.name_or_path: local path '/models/does-not-exist' does not exist" in caplog.text
+    assert "model.name: local path '/models/does-not-exist' does not exist" in caplog.text
 
 
 def test_invalid_trainer_json_exits_64_naming_the_field(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     config = write_config(tmp_path)
     raw = json.loads(config.read_text())
-    raw["training"]["learning_rate"] = "fast"
-    raw["lora"]["rank"] = 8
+    raw["training"]["learningRate"] = "fast"
+    raw["adapter"]["rank"] = 8
     config.write_text(json.dumps(raw))
     assert run_main(config) == EXIT_INVALID_CONFIG
-    assert "training.learning_rate" in caplog.text and "lora.rank" in caplog.text
+    assert "training.learningRate" in caplog.text and "adapter.rank" in caplog.text
 
 
 REPO = Path(__file__).resolve().parents[2]

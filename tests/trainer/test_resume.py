@@ -15,13 +15,13 @@ from tests.trainer.launching import ZERO3_FILES, launch, losses, run, wait_for, 
 
 pytestmark = pytest.mark.trainer
 
-ZERO3 = {"num_processes": 2, "zero_stage": 3, "use_cpu": True}
+ZERO3 = {"numProcesses": 2, "zeroStage": 3, "useCpu": True}
 
 
 def test_kill_9_mid_run_resumes_with_the_uninterrupted_losses(
     tmp_path: Path, trainer_env: dict[str, str], zero3_run: Path
 ) -> None:
-    config = write_config(tmp_path, distributed=ZERO3)  # the same job as zero3_run
+    config = write_config(tmp_path, strategy=ZERO3)  # the same job as zero3_run
     ckpts = tmp_path / "checkpoints"
     job = launch(config, trainer_env, files=ZERO3_FILES, log_name="killed.log")
     wait_for(lambda: (ckpts / "checkpoint-4" / MARKER).exists(), timeout=240, what="checkpoint-4", job=job)
@@ -44,7 +44,7 @@ def test_kill_9_mid_run_resumes_with_the_uninterrupted_losses(
 
 
 def test_sigterm_to_the_launcher_saves_a_complete_checkpoint(tmp_path: Path, trainer_env: dict[str, str]) -> None:
-    config = write_config(tmp_path, training={"max_steps": 500, "save_steps": 1000}, distributed=ZERO3)
+    config = write_config(tmp_path, training={"maxSteps": 500, "saveSteps": 1000}, strategy=ZERO3)
     ckpts = tmp_path / "checkpoints"
     job = launch(config, trainer_env, files=ZERO3_FILES)
     metrics = ckpts / "metrics.jsonl"

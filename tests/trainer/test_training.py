@@ -2,7 +2,7 @@
 
 ZeRO-3 (DeepSpeed, `DS_ACCELERATOR=cpu`) and plain DDP both lower the loss, and the saved adapter, loaded
 with `PeftModel.from_pretrained` on the base model, reproduces the logits the trained model produced on the
-probe text (the trainer writes them when `output.probe_path` is set). Two "nodes" rendezvous on loopback.
+probe text (the trainer writes them when `output.probePath` is set). Two "nodes" rendezvous on loopback.
 """
 
 from __future__ import annotations
@@ -75,8 +75,8 @@ def test_ddp_two_processes_trains_reports_progress_and_pushes(
     with HubServer() as hub, ProgressServer() as progress:
         config = write_config(
             tmp_path,
-            distributed={"num_processes": 2, "zero_stage": 0, "use_cpu": True},
-            output={"hub": {"repo_id": "org/tiny-ddp", "endpoint": hub.endpoint, "strategy": "checkpoint"}},
+            strategy={"numProcesses": 2, "zeroStage": 0, "useCpu": True},
+            output={"hub": {"repoId": "org/tiny-ddp", "endpoint": hub.endpoint, "strategy": "checkpoint"}},
         )
         env = {
             # The fake Hub is a network endpoint: datasets' offline switch would turn huggingface_hub offline too.
@@ -110,8 +110,8 @@ def test_two_nodes_rendezvous_on_loopback_and_merge_under_zero3(
     monkeypatch.setenv("FTJOB_CACHE", trainer_env["FTJOB_CACHE"])
     config = write_config(
         tmp_path,
-        training={"max_steps": 4, "save_strategy": "no", "merge_adapter": True},
-        distributed={"num_machines": 2, "num_processes": 2, "zero_stage": 3, "use_cpu": True},
+        training={"maxSteps": 4, "saveStrategy": "no", "mergeAdapter": True},
+        strategy={"numMachines": 2, "numProcesses": 2, "zeroStage": 3, "useCpu": True},
     )
     port = free_port()
 

@@ -8,7 +8,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from finetune_api.trainer_input import TrainerConfig
+from finetune_api.trainer_input import TrainerInput
 from finetune_api.v1alpha1.errors import InvalidSpecError
 from finetune_api.v1alpha1.resource import FineTuneJob
 from finetune_operator.render import render_all
@@ -73,7 +73,7 @@ specs = st.fixed_dictionaries(
 
 
 def _zero_stages(rendered: Any) -> set[int]:
-    stages = {rendered.plan.strategy.zero_stage, rendered.trainer.distributed.zero_stage}
+    stages = {rendered.plan.strategy.zero_stage, rendered.trainer.strategy.zero_stage}
     ds = rendered.accelerate.get("deepspeed_config", {})
     if "zero_stage" in ds:
         stages.add(ds["zero_stage"])
@@ -103,12 +103,12 @@ def test_render_is_consistent_or_rejects(spec: dict[str, Any]) -> None:
     per_node = dist.processes_per_node or dist.gpus_per_node
     assert rendered.accelerate["num_processes"] == dist.nodes * per_node
     assert rendered.accelerate["num_machines"] == dist.nodes
-    assert rendered.trainer.distributed.num_processes == dist.nodes * per_node
+    assert rendered.trainer.strategy.num_processes == dist.nodes * per_node
     assert len(_zero_stages(rendered)) == 1, "every file names the same ZeRO stage"
     job = rendered.job["spec"]
     assert job["completions"] == job["parallelism"] == dist.nodes
     assert rendered.config_map["data"] == rendered.files
-    assert TrainerConfig.model_validate_json(rendered.files["trainer.json"]) == rendered.trainer
+    assert TrainerInput.model_validate_json(rendered.files["trainer.json"]) == rendered.trainer
     assert yaml.safe_load(rendered.files["accelerate.yaml"]) == rendered.accelerate
     command = rendered.command
     assert command[command.index("--num_processes") + 1] == str(dist.nodes * per_node)
@@ -122,6 +122,6 @@ def test_an_emoji_in_the_spec_survives_the_configmap_apply_body() -> None:
     data = rendered.config_map["data"]
     assert max(ord(c) for text in data.values() for c in text) <= 0xFFFF  # so json.dumps emits no surrogate pair
     assert "\\ud83d\\ude00" in data["trainer.json"]
-    assert rendered.trainer.data.text_field == "text😀é"
-    assert TrainerConfig.model_validate_json(rendered.files["trainer.json"]) == rendered.trainer
-    assert json.loads(rendered.files["trainer.json"]) == json.loads(rendered.trainer.model_dump_json())
+    assert rendered.trainer.dataset.text_field == "text😀é"
+    assert TrainerInput.model_validate_json(rendered.files["trainer.json"]) == rendered.trainer
+    assert json.loads(rendered.files["trainer.json"]) == json.loads(rendered.trainer.to_json())

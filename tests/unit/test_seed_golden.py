@@ -105,51 +105,51 @@ def test_deepspeed_json_gives_accelerate_the_seeds_zero_config(example: str, see
 # The seed's launch flags (run_peft_deepspeed.sh and run_peft_qlora_deepspeed_stage3.sh) -> trainer.json.
 COMMON_FLAGS = {
     "training.seed": 100,
-    "model.name_or_path": "meta-llama/Llama-2-70b-hf",
-    "data.name_or_path": "smangrul/ultrachat-10k-chatml",
-    "data.chat_template_format": "chatml",
-    "data.add_special_tokens": False,
-    "data.append_concat_token": False,
-    "data.splits": ["train", "test"],
-    "data.max_seq_len": 2048,
-    "training.num_train_epochs": 1,
-    "training.logging_steps": 5,
-    "training.eval_strategy": "epoch",
-    "training.save_strategy": "epoch",
+    "model.name": "meta-llama/Llama-2-70b-hf",
+    "dataset.name": "smangrul/ultrachat-10k-chatml",
+    "dataset.chatTemplateFormat": "chatml",
+    "dataset.addSpecialTokens": False,
+    "dataset.appendConcatToken": False,
+    "dataset.splits": ["train", "test"],
+    "dataset.maxSeqLen": 2048,
+    "training.epochs": 1,
+    "training.loggingSteps": 5,
+    "training.evalStrategy": "epoch",
+    "training.saveStrategy": "epoch",
     "output.hub.private": True,
     "output.hub.strategy": "every_save",
-    "training.mixed_precision": "bf16",
-    "data.packing": True,
-    "training.learning_rate": 1e-4,
-    "training.lr_scheduler_type": "cosine",
-    "training.weight_decay": 1e-4,
-    "training.warmup_steps": 0,
-    "training.max_grad_norm": 1.0,
-    "training.gradient_checkpointing": True,
-    "data.text_field": "content",
-    "model.attn_implementation": "flash_attention_2",
-    "lora.r": 8,
-    "lora.alpha": 16,
-    "lora.dropout": 0.1,
-    "lora.target_modules": "all-linear",
+    "training.mixedPrecision": "bf16",
+    "dataset.packing": True,
+    "training.learningRate": 1e-4,
+    "training.lrSchedulerType": "cosine",
+    "training.weightDecay": 1e-4,
+    "training.warmupSteps": 0,
+    "training.maxGradNorm": 1.0,
+    "training.gradientCheckpointing": True,
+    "dataset.textField": "content",
+    "model.attnImplementation": "flash_attention_2",
+    "adapter.r": 8,
+    "adapter.alpha": 16,
+    "adapter.dropout": 0.1,
+    "adapter.targetModules": "all-linear",
 }
 LORA_FLAGS = COMMON_FLAGS | {
-    "training.per_device_train_batch_size": 8,
-    "training.per_device_eval_batch_size": 8,
-    "training.gradient_accumulation_steps": 4,
-    "training.use_reentrant": False,
+    "training.perDeviceTrainBatchSize": 8,
+    "training.perDeviceEvalBatchSize": 8,
+    "training.gradientAccumulationSteps": 4,
+    "training.useReentrant": False,
     "model.quantization": None,
 }
 QLORA_FLAGS = COMMON_FLAGS | {
-    "training.per_device_train_batch_size": 2,
-    "training.per_device_eval_batch_size": 2,
-    "training.gradient_accumulation_steps": 2,
-    "training.use_reentrant": True,
-    "model.quantization.quant_type": "nf4",
-    "model.quantization.double_quant": True,
-    "model.quantization.compute_dtype": "bfloat16",
-    "model.quantization.storage_dtype": "bfloat16",
-    "model.dtype": "bfloat16",  # dtype follows bnb_4bit_quant_storage, as the seed insists
+    "training.perDeviceTrainBatchSize": 2,
+    "training.perDeviceEvalBatchSize": 2,
+    "training.gradientAccumulationSteps": 2,
+    "training.useReentrant": True,
+    "model.quantization.quantType": "nf4",
+    "model.quantization.doubleQuant": True,
+    "model.quantization.computeDtype": "bfloat16",
+    "model.quantization.storageDtype": "bfloat16",
+    "strategy.dtype": "bfloat16",  # the model's dtype follows bnb_4bit_quant_storage, as the seed insists
 }
 
 
@@ -162,7 +162,7 @@ QLORA_FLAGS = COMMON_FLAGS | {
     ids=["LoRA launch flags", "QLoRA launch flags"],
 )
 def test_trainer_config_equals_the_seed_launch_flags(example: str, flags: dict[str, Any]) -> None:
-    trainer = render_all(load_job(str(ROOT / example))).trainer.model_dump(mode="json")
+    trainer = render_all(load_job(str(ROOT / example))).trainer.to_dict()
     got = {}
     for path in flags:
         node: Any = trainer

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from finetune_api.trainer_input import TrainerConfig
+from finetune_api.trainer_input import TrainerInput
 from finetune_api.v1alpha1.resource import FineTuneJob
 from finetune_operator.render import render_all
 from finetune_trainer.model import attn_implementation, load_model, load_tokenizer
@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[2]
 HAS_FLASH_ATTN = importlib.util.find_spec("flash_attn") is not None
 
 
-def trainer_config(attn: str) -> TrainerConfig:
+def trainer_config(attn: str) -> TrainerInput:
     """The tiny CPU example's trainer.json, as the operator renders it, with the attention asked for."""
     body = yaml.safe_load((REPO / "examples" / "tiny-cpu.yaml").read_text())
     body["spec"]["model"]["attnImplementation"] = attn

@@ -3,10 +3,11 @@
 `python -m finetune_trainer --config trainer.json` reads top to bottom in `__main__.py`; each step lives in a
 module with one job:
 
-* `loading` — trainer.json → `config.TrainerConfig` (exit 64 naming the field)
+* `loading` — trainer.json → `finetune_api.trainer_input.TrainerInput` (exit 64 naming the field)
 * `builtin` — `builtin:tiny-llama` / `builtin:tiny-chat`, generated locally, nothing downloaded
 * `cpu` — CPU-only quirks (`use_cpu`, DeepSpeed's JIT shm op)
-* `arguments` — TrainerConfig → TRL `SFTConfig` (built before the model, for ZeRO-3 `zero.Init`)
+* `arguments` — TrainerInput → TRL `SFTConfig`, the one place our names meet TRL's (built before the model, for
+  ZeRO-3 `zero.Init`)
 * `model`, `quantization`, `templates` — tokenizer + chat template, base model, QLoRA (exit 66 unknown model)
 * `zero3_loading` — QLoRA under ZeRO-3: each 4-bit weight partitioned as it is loaded
 * `allocator` — CUDA allocator with expandable segments unless the env configures it
@@ -20,6 +21,7 @@ module with one job:
 * `launch` — the pod's command, `python -m finetune_trainer.launch -- accelerate launch ...`: a permanent error
   (exit 64/65/66) stops the worker group at once and becomes the container's exit code
 
-It never imports kopf, kubernetes or the operator's handlers; from the operator it uses only
-`finetune_api.constants`, `finetune_api.termination` and `finetune_api.v1alpha1.status`.
+It never imports kopf, kubernetes or the operator; it shares only `finetune_api` with it: the trainer input
+(`finetune_api.trainer_input`, whose sections are the API's own `finetune_api.v1alpha1.spec` models), the constants,
+the termination record and `finetune_api.v1alpha1.status`.
 """

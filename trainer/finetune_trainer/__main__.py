@@ -50,8 +50,8 @@ def train(config_path: str) -> int:
     from finetune_trainer.progress import ProgressCallback, Reporter, report_output
 
     cfg = load_config(config_path)
-    model_path = builtin.resolve_model(cfg.model.name_or_path)  # generated files, before any zero.Init
-    data_path = builtin.resolve_dataset(cfg.data.name_or_path)
+    model_path = builtin.resolve_model(cfg.model.name)  # generated files, before any zero.Init
+    data_path = builtin.resolve_dataset(cfg.dataset.name)
     prepare_cpu_backend(cfg)
     use_expandable_segments()  # before anything allocates on a GPU
     args = build_sft_config(cfg)  # before the model: ZeRO-3 shards while loading
@@ -74,7 +74,7 @@ def train(config_path: str) -> int:
         cfg.job.namespace,
         cfg.job.name,
         state.num_processes,
-        cfg.distributed.num_machines,
+        cfg.strategy.num_machines,
         "CPU" if on_cpu(cfg) else "CUDA",
         zero3,
     )
@@ -126,7 +126,7 @@ def train(config_path: str) -> int:
             device=args.device,
             is_main=state.is_main_process,
         )
-    if cfg.training.merge_adapter and cfg.lora is not None:
+    if cfg.training.merge_adapter:
         merge_into_base(
             trainer.model,
             tokenizer,

@@ -1,7 +1,8 @@
 """PEFT translator and adapter merging.
 
-`peft_config(cfg)` gives a `LoraConfig` or None (full fine-tuning), in TRL's `get_peft_config` style; the
-one `SFTTrainer` call wraps the model with it, so TRL applies its ZeRO-3 / QLoRA workarounds (research §4.2).
+`peft_config(cfg)` translates the spec's `adapter` into PEFT's `LoraConfig`, in TRL's `get_peft_config` style (LoRA
+is the only adapter the API offers, so it is never off); the one `SFTTrainer` call wraps the model with it, so TRL
+applies its ZeRO-3 / QLoRA workarounds (research §4.2).
 `merge_into_base` writes base+adapter as one model; under ZeRO-3 every rank must call it because the
 sharded parameters are gathered collectively (`deepspeed.zero.GatheredParameters`, PEFT DeepSpeed guide),
 one module at a time so that the merge of a model larger than one GPU does not run out of memory.
@@ -14,7 +15,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from finetune_api.trainer_input import TrainerConfig
+from finetune_api.trainer_input import TrainerInput
 
 if TYPE_CHECKING:
     from peft import LoraConfig
@@ -22,17 +23,16 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def peft_config(cfg: TrainerConfig) -> LoraConfig | None:
-    """LoRA on the configured modules; None when the spec asks for no adapter."""
-    if cfg.lora is None:
-        return None
+def peft_config(cfg: TrainerInput) -> LoraConfig:
+    """LoRA on the configured modules: our `adapter` names meet PEFT's here and nowhere else."""
     from peft import LoraConfig
 
+    a = cfg.adapter
     return LoraConfig(
-        r=cfg.lora.r,
-        lora_alpha=cfg.lora.alpha,
-        lora_dropout=cfg.lora.dropout,
-        target_modules=cfg.lora.target_modules,
+        r=a.r,
+        lora_alpha=a.alpha,
+        lora_dropout=a.dropout,
+        target_modules=a.target_modules,
         bias="none",
         task_type="CAUSAL_LM",
     )

@@ -1,9 +1,15 @@
-"""TrainerConfig → TRL `SFTConfig`: the one place where our field names meet transformers' and TRL's.
+"""trainer.json → TRL `SFTConfig`: the one place where our field names (the FineTuneJob API's) meet transformers' and
+TRL's. A new `training` option is its field on the API model plus one line here.
 
 It must be called before the model is loaded: creating the `SFTConfig` initialises the distributed state and,
 under ZeRO-3, registers the DeepSpeed config that makes `from_pretrained` shard weights while loading
 (`zero.Init`); a model loaded first is materialised whole on every rank. On a host without CUDA it sets
 `use_cpu=True`, without which accelerate sees one process and DeepSpeed a world of N (research §2.4/§7).
+
+Defaults that differ from TRL's `SFTConfig` (they are the API's, stated in `finetune_api.v1alpha1.spec`): one
+epoch unless `maxSteps` (transformers: 3), `gradientCheckpointing` as the spec says (TRL: on), bf16 only when
+`mixedPrecision` says so (TRL: on unless fp16), `learningRate` 1e-4 (TRL: 2e-5), `loggingSteps` 5 (TRL: 10),
+`saveTotalLimit` 2 (transformers: unlimited).
 """
 
 from __future__ import annotations
@@ -11,7 +17,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from finetune_api.trainer_input import TrainerConfig, TrainingConfig
+from finetune_api.trainer_input import TrainerInput
+from finetune_api.v1alpha1.spec import TrainingSpec
 from finetune_trainer.cpu import on_cpu
 
 if TYPE_CHECKING:
@@ -20,7 +27,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def checkpointing_kwargs(t: TrainingConfig) -> dict[str, Any]:
+def checkpointing_kwargs(t: TrainingSpec) -> dict[str, Any]:
     """What transformers' Trainer takes for activation checkpointing: `use_reentrant` goes on to
     torch.utils.checkpoint (TRL flips it to True under PEFT + ZeRO-3, in place), `offload` makes the model keep
     each checkpointed hidden state in pinned host memory (transformers >= 5.24)."""
@@ -30,23 +37,23 @@ def checkpointing_kwargs(t: TrainingConfig) -> dict[str, Any]:
     return kwargs
 
 
-def build_sft_config(cfg: TrainerConfig) -> SFTConfig:
+def build_sft_config(cfg: TrainerInput) -> SFTConfig:
     """Translate trainer.json into SFTConfig; precision and saving rules are decided here and logged once."""
     from trl.trainer.sft_config import SFTConfig
 
-    t, d = cfg.training, cfg.data
+    t, d = cfg.training, cfg.dataset
     cpu = on_cpu(cfg)
     bf16 = t.mixed_precision == "bf16"
     fp16 = t.mixed_precision == "fp16"
     if cpu and fp16:
-        log.warning("training.mixed_precision: fp16 is not supported on CPU; training in fp32 instead")
+        log.warning("training.mixedPrecision: fp16 is not supported on CPU; training in fp32 instead")
         fp16 = False
     save_total_limit = t.save_total_limit
     if save_total_limit is not None and save_total_limit < 2:
         # The Trainer rotates old checkpoints before our completion marker lands on the new one; keeping two
         # means a kill in that window still leaves one complete checkpoint to resume from.
         log.warning(
-            "training.save_total_limit %s raised to 2 so a complete checkpoint always survives",
+            "training.saveTotalLimit %s raised to 2 so a complete checkpoint always survives",
             save_total_limit,
         )
         save_total_limit = 2
@@ -55,7 +62,7 @@ def build_sft_config(cfg: TrainerConfig) -> SFTConfig:
 
     # fused AdamW where the Trainer (not DeepSpeed) steps the optimizer, on CUDA (speed.resolve_levers)
     optim = speed.optimizer_name(
-        speed.resolve_levers(cfg, cuda=not cpu), cuda=not cpu, deepspeed=cfg.distributed.zero_stage > 0
+        speed.resolve_levers(cfg, cuda=not cpu), cuda=not cpu, deepspeed=cfg.strategy.zero_stage > 0
     )
     extra: dict[str, Any] = {"optim": optim} if optim else {}
     return SFTConfig(
@@ -66,9 +73,9 @@ def build_sft_config(cfg: TrainerConfig) -> SFTConfig:
         fp16=fp16,
         seed=t.seed,
         data_seed=t.seed,
-        full_determinism=t.full_determinism,
-        num_train_epochs=t.num_train_epochs,
-        max_steps=t.max_steps,
+        # epochs: "1 unless maxSteps" (transformers' own default is 3; its max_steps wins when > 0, -1 is none)
+        num_train_epochs=t.epochs if t.epochs is not None else 1.0,
+        max_steps=t.max_steps if t.max_steps is not None else -1,
         learning_rate=t.learning_rate,
         lr_scheduler_type=t.lr_scheduler_type,
         weight_decay=t.weight_decay,

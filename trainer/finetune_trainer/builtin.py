@@ -64,7 +64,7 @@ def resolve_model(name: str) -> str:
     if name != TINY_LLAMA:
         from finetune_trainer.errors import UnknownModelError
 
-        raise UnknownModelError(f"model.name_or_path: unknown built-in model {name!r}; the only one is {TINY_LLAMA!r}")
+        raise UnknownModelError(f"model.name: unknown built-in model {name!r}; the only one is {TINY_LLAMA!r}")
     return str(_build_once(cache_root() / "tiny-llama", _write_tiny_llama))
 
 
@@ -75,7 +75,7 @@ def resolve_dataset(name: str) -> str:
     if name != TINY_CHAT:
         from finetune_trainer.errors import BadDatasetError
 
-        raise BadDatasetError(f"data.name_or_path: unknown built-in dataset {name!r}; the only one is {TINY_CHAT!r}")
+        raise BadDatasetError(f"dataset.name: unknown built-in dataset {name!r}; the only one is {TINY_CHAT!r}")
     return str(_build_once(cache_root() / "tiny-chat", _write_tiny_chat))
 
 

@@ -7,12 +7,11 @@ the final metrics and the loss plot, so a pushed adapter says how it was made. R
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
 
-from finetune_api.trainer_input import TrainerConfig
+from finetune_api.trainer_input import TrainerInput
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
@@ -43,9 +42,9 @@ def plot_loss(log_history: list[dict[str, Any]], path: Path) -> bool:
     return True
 
 
-def render_card(cfg: TrainerConfig, metrics: dict[str, Any], *, has_plot: bool) -> str:
+def render_card(cfg: TrainerInput, metrics: dict[str, Any], *, has_plot: bool) -> str:
     """README.md text: Hub metadata, what was trained, final metrics, the plot and the full config."""
-    base = cfg.model.name_or_path
+    base = cfg.model.name
     meta = [
         "---",
         "library_name: peft",
@@ -55,20 +54,19 @@ def render_card(cfg: TrainerConfig, metrics: dict[str, Any], *, has_plot: bool) 
         "- trl",
         "- sft",
     ]
-    if cfg.lora is not None:
-        meta.append("- lora")
+    meta.append(f"- {cfg.adapter.type}")
     if cfg.model.quantization is not None:
         meta.append("- qlora")
     if _HUB_ID.match(base):
         meta.append(f"base_model: {base}")
     meta.append("---")
     rows = "\n".join(f"| {k} | {_fmt(v)} |" for k, v in sorted(metrics.items()))
-    config = json.dumps(cfg.model_dump(mode="json"), indent=2, sort_keys=True)
+    config = cfg.to_json()
     parts = [
         "\n".join(meta),
         f"# {cfg.job.namespace}/{cfg.job.name}",
         f"LoRA adapter for `{base}` (revision `{cfg.model.revision}`), trained with TRL SFT on "
-        f"`{cfg.data.name_or_path}` by finetune-operator.",
+        f"`{cfg.dataset.name}` by finetune-operator.",
         "## Final metrics\n\n| metric | value |\n|---|---|\n" + rows if rows else "## Final metrics\n\nnone logged",
     ]
     if has_plot:
@@ -82,7 +80,7 @@ def render_card(cfg: TrainerConfig, metrics: dict[str, Any], *, has_plot: bool) 
     return "\n\n".join(parts) + "\n"
 
 
-def write_card(cfg: TrainerConfig, out_dir: Path, metrics: dict[str, Any], log_history: list[dict[str, Any]]) -> None:
+def write_card(cfg: TrainerInput, out_dir: Path, metrics: dict[str, Any], log_history: list[dict[str, Any]]) -> None:
     """Write README.md and loss.png into the adapter directory."""
     has_plot = plot_loss(log_history, out_dir / "loss.png")
     (out_dir / "README.md").write_text(render_card(cfg, metrics, has_plot=has_plot))

@@ -13,19 +13,19 @@ from __future__ import annotations
 import logging
 import os
 
-from finetune_api.trainer_input import TrainerConfig
+from finetune_api.trainer_input import TrainerInput
 
 log = logging.getLogger(__name__)
 
 
-def on_cpu(cfg: TrainerConfig) -> bool:
+def on_cpu(cfg: TrainerInput) -> bool:
     """CPU when the config says so or when no CUDA device exists."""
     import torch
 
-    return cfg.distributed.use_cpu or not torch.cuda.is_available()
+    return cfg.strategy.use_cpu or not torch.cuda.is_available()
 
 
-def prepare_cpu_backend(cfg: TrainerConfig) -> None:
+def prepare_cpu_backend(cfg: TrainerInput) -> None:
     """Skip DeepSpeed's shared-memory op build on CPU (before anything initialises DeepSpeed's comm)."""
     if not on_cpu(cfg) or os.environ.get("DS_ACCELERATOR", "cpu") != "cpu":
         return

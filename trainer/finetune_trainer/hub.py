@@ -1,7 +1,7 @@
 """Push the adapter (with its model card) to the Hugging Face Hub, following `output.hub.strategy`.
 
 Only the main process pushes. The token comes from `$HF_TOKEN` and nowhere else; without it, or without a
-hub block, the adapter stays in `output.adapter_dir` and the log says so. The final push is retried with
+hub block, the adapter stays in `output.adapterDir` and the log says so. The final push is retried with
 exponential backoff, then fails loudly with `PushFailedError` (a retryable exit: the checkpoint is complete,
 so the next attempt resumes at the end and only pushes again). Pushes on save (`every_save`, `checkpoint`,
 `all_checkpoints`) are best effort: a failure there is logged and training goes on.
@@ -19,7 +19,8 @@ from typing import Any
 from transformers import TrainerCallback
 
 from finetune_api.constants import ENV_HF_TOKEN
-from finetune_api.trainer_input import HubConfig, TrainerConfig
+from finetune_api.trainer_input import TrainerInput
+from finetune_api.v1alpha1.spec import HubTarget
 from finetune_api.v1alpha1.status import OutputStatus
 from finetune_trainer.errors import PushFailedError
 
@@ -28,7 +29,7 @@ log = logging.getLogger(__name__)
 ADAPTER_FILES = ["adapter_model.safetensors", "adapter_config.json"]
 
 
-def hub_target(cfg: TrainerConfig) -> tuple[HubConfig, str] | None:
+def hub_target(cfg: TrainerInput) -> tuple[HubTarget, str] | None:
     """(hub config, token) when a push is configured and possible; logs why not otherwise."""
     hub = cfg.output.hub
     if hub is None:
@@ -47,7 +48,7 @@ def hub_target(cfg: TrainerConfig) -> tuple[HubConfig, str] | None:
 
 
 def _upload(
-    hub: HubConfig,
+    hub: HubTarget,
     token: str,
     folder: Path,
     *,
@@ -69,7 +70,7 @@ def _upload(
 
 
 def push(
-    hub: HubConfig,
+    hub: HubTarget,
     token: str,
     folder: Path,
     *,
@@ -101,7 +102,7 @@ def push(
 class PushOnSave(TrainerCallback):
     """every_save: adapter to the root; checkpoint: + last-checkpoint/; all_checkpoints: checkpoint-N/."""
 
-    def __init__(self, hub: HubConfig, token: str) -> None:
+    def __init__(self, hub: HubTarget, token: str) -> None:
         self.hub = hub
         self.token = token
 

@@ -1,4 +1,4 @@
-"""Read trainer.json into `TrainerConfig`; any problem is `InvalidConfigError` (exit 64) naming the field.
+"""Read trainer.json into `TrainerInput`; any problem is `InvalidConfigError` (exit 64) naming the field.
 
 A file from a newer minor schema version (a newer operator) loses the fields this trainer does not know, with
 one warning naming them; another major version is refused (`finetune_api.trainer_input.read_trainer_input`).
@@ -12,13 +12,13 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from finetune_api.trainer_input import SCHEMA_VERSION, SchemaVersionError, TrainerConfig, read_trainer_input
+from finetune_api.trainer_input import SCHEMA_VERSION, SchemaVersionError, TrainerInput, read_trainer_input
 from finetune_trainer.errors import InvalidConfigError
 
 log = logging.getLogger(__name__)
 
 
-def load_config(path: str | Path) -> TrainerConfig:
+def load_config(path: str | Path) -> TrainerInput:
     """Parse and validate; every invalid field is listed as `dotted.path: message`."""
     try:
         raw = json.loads(Path(path).read_text())

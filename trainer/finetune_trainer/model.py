@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from finetune_api import constants
-from finetune_api.trainer_input import TrainerConfig
+from finetune_api.trainer_input import TrainerInput
 from finetune_trainer.errors import UnknownModelError
 from finetune_trainer.quantization import load_dtype, quantization_config
 from finetune_trainer.templates import install_chat_template
@@ -23,7 +23,7 @@ from finetune_trainer.templates import install_chat_template
 log = logging.getLogger(__name__)
 
 
-def _hub_kwargs(cfg: TrainerConfig, path: str) -> dict[str, Any]:
+def _hub_kwargs(cfg: TrainerInput, path: str) -> dict[str, Any]:
     """revision and token only for Hub ids; local directories take neither."""
     if Path(path).is_dir():
         return {"trust_remote_code": cfg.model.trust_remote_code}
@@ -34,7 +34,7 @@ def _hub_kwargs(cfg: TrainerConfig, path: str) -> dict[str, Any]:
     }
 
 
-def check_model_exists(cfg: TrainerConfig, path: str) -> Any:
+def check_model_exists(cfg: TrainerInput, path: str) -> Any:
     """Read the model's config, turning "no such model" (and only that) into UnknownModelError."""
     from huggingface_hub.errors import (
         EntryNotFoundError,
@@ -47,14 +47,14 @@ def check_model_exists(cfg: TrainerConfig, path: str) -> Any:
     permanent = (RepositoryNotFoundError, RevisionNotFoundError, EntryNotFoundError, HFValidationError)
     looks_local = path.startswith(("/", "./", "../", "~"))
     if looks_local and not Path(path).expanduser().is_dir():
-        raise UnknownModelError(f"model.name_or_path: local path {path!r} does not exist or is not a directory")
+        raise UnknownModelError(f"model.name: local path {path!r} does not exist or is not a directory")
     try:
         return AutoConfig.from_pretrained(path, **_hub_kwargs(cfg, path))
     except (OSError, ValueError) as e:
         cause = e if isinstance(e, permanent) else e.__cause__
         if isinstance(cause, permanent) or (Path(path).is_dir() and isinstance(e, OSError | ValueError)):
             raise UnknownModelError(
-                f"model.name_or_path: {path!r} (revision {cfg.model.revision!r}) is not a loadable model: "
+                f"model.name: {path!r} (revision {cfg.model.revision!r}) is not a loadable model: "
                 f"{str(e).splitlines()[0]}"
             ) from e
         raise
@@ -83,7 +83,7 @@ def flash_attn_problem(*, cuda: bool) -> str | None:
     return None
 
 
-def attn_implementation(cfg: TrainerConfig, *, cuda: bool) -> str:
+def attn_implementation(cfg: TrainerInput, *, cuda: bool) -> str:
     """The requested attention, or sdpa with one clear line when flash-attn cannot run here (the documented
     fallback of model.attnImplementation; packed batches on CUDA still get torch's varlen flash kernel, speed.py)."""
     want = cfg.model.attn_implementation
@@ -95,23 +95,23 @@ def attn_implementation(cfg: TrainerConfig, *, cuda: bool) -> str:
     return want
 
 
-def load_tokenizer(cfg: TrainerConfig, path: str) -> Any:
+def load_tokenizer(cfg: TrainerInput, path: str) -> Any:
     """Tokenizer with the spec's chat template installed and a pad token set."""
     from transformers import AutoTokenizer
 
     check_model_exists(cfg, path)  # first thing touching the model: an unknown id fails here, as exit 66
     tokenizer = AutoTokenizer.from_pretrained(path, **_hub_kwargs(cfg, path))
-    added = install_chat_template(tokenizer, cfg.data.chat_template_format)
+    added = install_chat_template(tokenizer, cfg.dataset.chat_template_format)
     if added:
         log.info(
             "added %d chat-template tokens (%s); embeddings will be resized",
             added,
-            cfg.data.chat_template_format,
+            cfg.dataset.chat_template_format,
         )
     return tokenizer
 
 
-def load_model(cfg: TrainerConfig, path: str, tokenizer: Any, *, cuda: bool, zero3: bool) -> Any:
+def load_model(cfg: TrainerInput, path: str, tokenizer: Any, *, cuda: bool, zero3: bool) -> Any:
     """AutoModelForCausalLM in the configured dtype (QLoRA: storage dtype), caches off for training."""
     from transformers import AutoModelForCausalLM
 
@@ -146,7 +146,7 @@ def load_model(cfg: TrainerConfig, path: str, tokenizer: Any, *, cuda: bool, zer
         model,
         speed.resolve_levers(cfg, cuda=cuda),
         cuda=cuda,
-        packing=cfg.data.packing,
+        packing=cfg.dataset.packing,
         quantized=cfg.model.quantization is not None,
     )
     return model

@@ -1,6 +1,6 @@
 """Logits of the final model on a fixed probe text, so a test can prove the saved adapter reproduces them.
 
-Written only when `output.probe_path` is set. Under ZeRO-3 the forward pass is collective (parameters are
+Written only when `output.probePath` is set. Under ZeRO-3 the forward pass is collective (parameters are
 gathered layer by layer), so every rank runs it and only the main process writes the file.
 """
 

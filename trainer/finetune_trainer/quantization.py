@@ -2,14 +2,14 @@
 
 The quantized weights are packed into `storage_dtype` (`bnb_4bit_quant_storage`) and the model is loaded in
 that same dtype, which is what lets ZeRO-3 shard a 4-bit model like any other (PEFT DeepSpeed guide). This
-module only translates; `model.py` decides the load dtype from `storage_dtype()`.
+module only translates; the operator decides the load dtype (`strategy.dtype`), `model.py` applies it.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from finetune_api.trainer_input import TrainerConfig
+from finetune_api.trainer_input import TrainerInput
 from finetune_trainer.errors import InvalidConfigError
 
 if TYPE_CHECKING:
@@ -23,7 +23,7 @@ def torch_dtype(name: str) -> Any:
     return getattr(torch, name)
 
 
-def quantization_config(cfg: TrainerConfig, *, cuda: bool) -> BitsAndBytesConfig | None:
+def quantization_config(cfg: TrainerInput, *, cuda: bool) -> BitsAndBytesConfig | None:
     """4-bit NF4/FP4 with optional double quantization; None when the spec has no quantization block."""
     q = cfg.model.quantization
     if q is None:
@@ -43,7 +43,6 @@ def quantization_config(cfg: TrainerConfig, *, cuda: bool) -> BitsAndBytesConfig
     )
 
 
-def load_dtype(cfg: TrainerConfig) -> Any:
-    """The dtype the model is loaded in: the quant storage dtype under QLoRA, else `model.dtype`."""
-    q = cfg.model.quantization
-    return torch_dtype(q.storage_dtype if q is not None else cfg.model.dtype)
+def load_dtype(cfg: TrainerInput) -> Any:
+    """The dtype the model is loaded in, as the operator decided it (`strategy.dtype`; QLoRA: the storage dtype)."""
+    return torch_dtype(cfg.strategy.dtype)

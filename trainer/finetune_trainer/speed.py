@@ -26,6 +26,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from finetune_api import constants
+from finetune_api.trainer_input import TrainerInput
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +48,8 @@ def parse_levers(value: str | Iterable[str] | None) -> set[str]:
     return levers
 
 
-def resolve_levers(cfg: Any, *, cuda: bool, env: dict[str, str] | None = None) -> set[str]:
-    """The levers for this run (cfg: TrainerConfig). Automatic rules, on CUDA only (CPU runs stay as they were):
+def resolve_levers(cfg: TrainerInput, *, cuda: bool, env: dict[str, str] | None = None) -> set[str]:
+    """The levers for this run. Automatic rules, on CUDA only (CPU runs stay as they were):
 
     * varlen   whenever packing is on (padding-free batches): +41% tokens/s on 8B, 1 GPU, no checkpointing;
     * compile  when the Trainer owns the whole model (no DeepSpeed), checkpointing is off and the model is not
@@ -65,9 +66,9 @@ def resolve_levers(cfg: Any, *, cuda: bool, env: dict[str, str] | None = None) -
     if not cuda:
         return set()
     levers: set[str] = set()
-    stage = int(getattr(cfg.distributed, "zero_stage", 0) or 0)
+    stage = cfg.strategy.zero_stage
     quantized = cfg.model.quantization is not None
-    if cfg.data.packing:
+    if cfg.dataset.packing:
         levers.add("varlen")
     if stage == 0 and not cfg.training.gradient_checkpointing and not quantized:
         levers.add("compile")

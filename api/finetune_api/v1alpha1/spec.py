@@ -72,8 +72,8 @@ class ModelShape(ApiModel):
     num_key_value_heads: int | None = Field(default=None, gt=0, description="KV heads (GQA). Default: heads.")
 
 
-class ModelSpec(ApiModel):
-    """The base model to fine-tune."""
+class ModelSource(ApiModel):
+    """The base model as the trainer loads it: `spec.model` without the token's Secret (trainer.json's `model`)."""
 
     name: str = Field(min_length=1, max_length=512, description="Hub id (org/name) or a path in the image or volume.")
     revision: str = Field(default="main", max_length=256, description="Hub revision. Default: main.")
@@ -82,11 +82,16 @@ class ModelSpec(ApiModel):
         description="Attention kernel; falls back to sdpa with a log line where flash-attn is missing. Default: sdpa.",
     )
     quantization: Quantization | None = Field(default=None, description="Present => QLoRA (4-bit base model).")
-    token_secret_ref: SecretKeyRef | None = Field(default=None, description="HF token for gated or private models.")
     shape: ModelShape | None = Field(
         default=None, description="Architecture for the memory planner; known model names need none."
     )
     trust_remote_code: bool = Field(default=False, description="Allow model code from the Hub. Default: false.")
+
+
+class ModelSpec(ModelSource):
+    """The base model to fine-tune."""
+
+    token_secret_ref: SecretKeyRef | None = Field(default=None, description="HF token for gated or private models.")
 
 
 class DatasetSpec(ApiModel):
@@ -236,8 +241,8 @@ class DistributedSpec(ApiModel):
     rendezvous: RendezvousSpec = Field(default_factory=RendezvousSpec, description="Rendezvous settings.")
 
 
-class HubOutput(ApiModel):
-    """Where the trained adapter is pushed."""
+class HubTarget(ApiModel):
+    """Where the trained adapter is pushed, as the trainer reads it: `spec.output.hub` without the token's Secret."""
 
     repo_id: str = Field(
         min_length=3,
@@ -249,8 +254,13 @@ class HubOutput(ApiModel):
     strategy: Literal["end", "every_save", "checkpoint", "all_checkpoints"] = Field(
         default="every_save", description="hub_strategy. Default: every_save."
     )
-    token_secret_ref: SecretKeyRef = Field(description="Secret holding a write token.")
     endpoint: str | None = Field(default=None, max_length=512, description="Hub endpoint. Default: huggingface.co.")
+
+
+class HubOutput(HubTarget):
+    """Where the trained adapter is pushed."""
+
+    token_secret_ref: SecretKeyRef = Field(description="Secret holding a write token.")
 
 
 class CheckpointVolume(ApiModel):

@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from finetune_api import constants
-from finetune_api.trainer_input import TrainerConfig
+from finetune_api.trainer_input import TrainerInput
 from finetune_api.v1alpha1.errors import InvalidSpecError
 from finetune_api.v1alpha1.resource import FineTuneJob
 from finetune_operator.plan import Plan, plan_job
@@ -24,7 +24,7 @@ from finetune_operator.render.accelerate import render_accelerate
 from finetune_operator.render.command import render_node_command
 from finetune_operator.render.deepspeed import render_deepspeed
 from finetune_operator.render.topology import Topology, compute_topology
-from finetune_operator.render.trainer_config import render_trainer_config
+from finetune_operator.render.trainer_config import render_trainer_input
 from finetune_operator.render.workload import render_config_map, render_job, render_service
 from finetune_operator.validation import check_job
 
@@ -51,7 +51,7 @@ class Rendered:
     topology: Topology
     accelerate: dict[str, Any]
     deepspeed: dict[str, Any] | None
-    trainer: TrainerConfig
+    trainer: TrainerInput
     files: dict[str, str]
     command: list[str]
     config_map: dict[str, Any]
@@ -90,12 +90,12 @@ def escape_astral(json_text: str) -> str:
 
 
 def render_files(
-    accelerate: dict[str, Any], deepspeed: dict[str, Any] | None, trainer: TrainerConfig
+    accelerate: dict[str, Any], deepspeed: dict[str, Any] | None, trainer: TrainerInput
 ) -> dict[str, str]:
     """The config files, serialized once, so every consumer gets the same bytes."""
     files = {
         constants.ACCELERATE_FILE: dump_yaml(accelerate),
-        constants.TRAINER_FILE: escape_astral(trainer.model_dump_json(indent=2)) + "\n",
+        constants.TRAINER_FILE: escape_astral(trainer.to_json()) + "\n",
     }
     if deepspeed is not None:
         files[constants.DEEPSPEED_FILE] = json.dumps(deepspeed, indent=2, sort_keys=True) + "\n"
@@ -117,7 +117,7 @@ def render_all(job: FineTuneJob, options: RenderOptions | None = None) -> Render
         topology,
         deepspeed_json_path=f"{options.config_dir}/{constants.DEEPSPEED_FILE}" if deepspeed is not None else None,
     )
-    trainer = render_trainer_config(job, plan, topology, checkpoint_dir=options.checkpoint_dir)
+    trainer = render_trainer_input(job, plan, topology, checkpoint_dir=options.checkpoint_dir)
     files = render_files(accelerate, deepspeed, trainer)
     ca_file = None
     if options.progress_url and options.progress_ca:

@@ -125,7 +125,7 @@ def test_exit_65_with_the_trainers_record_fails_the_job_through_its_pod_failure_
     record = TerminationRecord(
         exit_code=65,
         reason="BadDatasetError",
-        message="data.textField 'nosuchfield' is not a column of the train split; columns are ['content']",
+        message="dataset.textField 'nosuchfield' is not a column of the train split; columns are ['content']",
     )
     terminate_like_the_kubelet(cluster, namespace, pod, 65, record.to_message())
 
