@@ -24,8 +24,11 @@ upgraded separately (users build their own trainer images): an operator one mino
 older trainer does not know, and that must not fail the job. `read_trainer_input` therefore drops fields it does
 not know when the file's minor version is newer than its own (and says which, once), and refuses a different
 major version with a message naming both. Within one version, unknown fields are still an error: they are typos.
-Adding a field (a new spec option included) is a minor bump; renaming, removing or changing the meaning of one is
-a major bump. 2.0 replaced 1.x's snake_case copy of the spec (`data`, `lora`, `distributed`, TRL's names).
+Adding a field is a minor bump, and it is counted rather than written: the minor version is the number of fields
+(`field_paths`) the layout has beyond those it had at `MAJOR.0`, so a new spec option bumps it without an edit
+here. Renaming, removing or changing the meaning of a field is a major bump: raise `SCHEMA_MAJOR`, reset
+`_FIELDS_AT_MAJOR` and re-record the baseline the versioning tests keep. 2.0 replaced 1.x's snake_case copy of the
+spec (`data`, `lora`, `distributed`, TRL's names).
 """
 
 import types
@@ -44,9 +47,10 @@ from finetune_api.v1alpha1.spec import (
     TrainingSpec,
 )
 
-SCHEMA_VERSION: Final = "2.0"
-"""The layout this package writes and reads; a trainer.json without `schemaVersion` is 1.0 (refused)."""
-
+SCHEMA_MAJOR: Final = 2
+_FIELDS_AT_MAJOR: Final = 65
+"""How many fields (`field_paths(TrainerInput)`) the layout had at SCHEMA_MAJOR.0; the versioning tests keep the list
+(tests/golden/trainer-input/) and fail when one of them is gone."""
 _UNVERSIONED: Final = "1.0"
 
 
@@ -92,7 +96,7 @@ class RunStrategy(ApiModel):
 class TrainerInput(ApiModel):
     """The whole of trainer.json."""
 
-    schema_version: str = Field(default=SCHEMA_VERSION, pattern=r"^[0-9]+\.[0-9]+$")
+    schema_version: str = Field(default_factory=lambda: SCHEMA_VERSION, pattern=r"^[0-9]+\.[0-9]+$")
     job: JobIdentity
     model: ModelSource
     dataset: DatasetSpec
@@ -106,6 +110,30 @@ class TrainerInput(ApiModel):
         return self.model_dump_json(indent=2, by_alias=True)
 
 
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model a field holds (`M`, `M | None`), or None for plain values."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        models = [m for m in map(_model_in, typing.get_args(annotation)) if m is not None]
+        return models[0] if len(models) == 1 else None
+    return None
+
+
+def field_paths(model: type[BaseModel], prefix: str = "") -> list[str]:
+    """Every field of `model` as a dotted camelCase path, nested models walked: what a layout is made of."""
+    paths: list[str] = []
+    for name, field in model.model_fields.items():
+        key = prefix + (field.alias or name)
+        inner = _model_in(field.annotation)
+        paths += field_paths(inner, f"{key}.") if inner else [key]
+    return paths
+
+
+SCHEMA_VERSION: Final[str] = f"{SCHEMA_MAJOR}.{len(field_paths(TrainerInput)) - _FIELDS_AT_MAJOR}"
+"""The layout this package writes and reads: MAJOR.(fields added since MAJOR.0). A file without one is 1.0."""
+
+
 class SchemaVersionError(ValueError):
     """trainer.json was written for an incompatible (different major) layout."""
 
@@ -115,16 +143,6 @@ def _version(text: str) -> tuple[int, int]:
     if not (major.isdigit() and minor.isdigit()):
         raise SchemaVersionError(f"schemaVersion {text!r} is not MAJOR.MINOR")
     return int(major), int(minor)
-
-
-def _model_in(annotation: Any) -> type[BaseModel] | None:
-    """The pydantic model a field holds (`M`, `M | None`), or None for plain values."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        models = [m for m in map(_model_in, typing.get_args(annotation)) if m is not None]
-        return models[0] if len(models) == 1 else None
-    return None
 
 
 def _drop_unknown(model: type[BaseModel], data: Any, path: str, dropped: list[str]) -> Any:

@@ -1,9 +1,11 @@
 """trainer.json's schemaVersion: a newer minor is read with a warning, another major is refused (exit 64).
 
 The operator and the trainer image are upgraded separately, so a trainer must read what a newer operator of the
-same major version writes. Cases: the layout written today, one from a newer minor version (unknown fields at
-the top and nested), an unknown field at today's version (a typo: still an error), a newer major version, and
-files of the 1.x layout (snake_case copy of the spec), with and without `schemaVersion`.
+same major version writes, and every file an older operator of the same major version wrote. Cases: the layout
+written today, the frozen 2.0 file, one from a newer minor version (unknown fields at the top and nested), an
+unknown field at today's version (a typo: still an error), a newer major version, and files of the 1.x layout
+(snake_case copy of the spec), with and without `schemaVersion`. The minor version counts the fields added since
+MAJOR.0 (a new spec option bumps it with no edit); a field removed or renamed fails here, asking for a major bump.
 """
 
 import json
@@ -15,13 +17,14 @@ import pytest
 import yaml
 
 from finetune_api.constants import EXIT_INVALID_CONFIG
-from finetune_api.trainer_input import SCHEMA_VERSION, TrainerInput
+from finetune_api.trainer_input import SCHEMA_MAJOR, SCHEMA_VERSION, TrainerInput, field_paths
 from finetune_api.v1alpha1 import FineTuneJob
 from finetune_operator.render import render_all
 from finetune_trainer.errors import InvalidConfigError
 from finetune_trainer.loading import load_config
 
 MAJOR = int(SCHEMA_VERSION.split(".")[0])
+BASELINE = Path(__file__).resolve().parents[1] / "golden" / "trainer-input"  # the layout at MAJOR.0, frozen
 
 # The start of a trainer.json as the 1.x layout wrote it (enough for the reader to tell the version).
 LAYOUT_1 = {
@@ -51,11 +54,32 @@ def test_todays_layout_carries_its_version_and_reads_back_unchanged(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     raw = _written_today()
-    assert raw["schemaVersion"] == SCHEMA_VERSION == f"{MAJOR}.0"
+    assert raw["schemaVersion"] == SCHEMA_VERSION
     with caplog.at_level(logging.WARNING):
         cfg = load_config(_write(tmp_path, raw))
     assert cfg == TrainerInput.model_validate(raw)
     assert json.loads(cfg.to_json()) == raw
+    assert caplog.records == []
+
+
+def test_the_minor_version_counts_the_fields_added_since_the_major_began() -> None:
+    at_major = (BASELINE / f"{SCHEMA_MAJOR}.0-fields.txt").read_text().split()
+    today = field_paths(TrainerInput)
+    gone = [path for path in at_major if path not in today]
+    assert gone == [], (
+        f"fields of the {SCHEMA_MAJOR}.0 layout are gone or renamed: a major bump (SCHEMA_MAJOR, _FIELDS_AT_MAJOR, "
+        "and a new baseline in tests/golden/trainer-input)"
+    )
+    assert f"{SCHEMA_MAJOR}.{len(today) - len(at_major)}" == SCHEMA_VERSION
+
+
+def test_a_file_an_older_operator_of_this_major_wrote_reads_without_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    raw = json.loads((BASELINE / f"{SCHEMA_MAJOR}.0-example-tiny-cpu.json").read_text())
+    with caplog.at_level(logging.WARNING):
+        cfg = load_config(_write(tmp_path, raw))
+    assert cfg.schema_version == f"{SCHEMA_MAJOR}.0" and cfg.dataset.name == "builtin:tiny-chat"
     assert caplog.records == []
 
 
