@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from finetune_api import constants
 from finetune_api.v1alpha1.resource import FineTuneJob
 from finetune_api.v1alpha1.status import FineTuneJobStatus
 from finetune_operator.reconcile import claim, holder, namesake_wait, reconcile
@@ -178,3 +179,10 @@ def test_jobs_to_delete_or_suspend_come_with_their_uids() -> None:
     suspended = ftj(status={"phase": "Running", "attempt": 2}, suspend=True)
     actions = reconcile(suspended, observed, NOW, OPTIONS)
     assert actions.suspend_jobs == {"web-2": True} and actions.job_uids["web-2"] == "u-job2"
+
+
+def test_every_child_the_operator_creates_carries_the_managed_by_label_the_admission_policy_asks_for() -> None:
+    rendered = render_all(ftj(), OPTIONS)
+    for child in rendered.manifests:
+        assert child["metadata"]["labels"][constants.LABEL_MANAGED_BY] == constants.MANAGED_BY, child["kind"]
+    assert rendered.job["spec"]["template"]["metadata"]["labels"][constants.LABEL_MANAGED_BY] == constants.MANAGED_BY
