@@ -50,3 +50,12 @@ def test_the_spec_field_reaches_the_trainer_arguments() -> None:
 def test_epochs_and_max_steps(training: dict[str, Any], epochs: float, max_steps: int) -> None:
     args = sft_config_of(**training)
     assert (args.num_train_epochs, args.max_steps) == (epochs, max_steps)
+
+
+@pytest.mark.parametrize(
+    ("training", "alpha"),
+    [({}, None), ({"neftuneNoiseAlpha": 5.0}, 5.0)],
+    ids=["NEFTune is off unless asked", "neftuneNoiseAlpha reaches SFTConfig's neftune_noise_alpha"],
+)
+def test_neftune_noise_alpha_reaches_the_trainer_arguments(training: dict[str, Any], alpha: float | None) -> None:
+    assert sft_config_of(**training).neftune_noise_alpha == alpha

@@ -81,6 +81,7 @@ def build_sft_config(cfg: TrainerInput) -> SFTConfig:
         weight_decay=t.weight_decay,
         warmup_steps=t.warmup_steps,
         max_grad_norm=t.max_grad_norm,
+        neftune_noise_alpha=t.neftune_noise_alpha,
         per_device_train_batch_size=t.per_device_train_batch_size,
         per_device_eval_batch_size=t.per_device_eval_batch_size,
         gradient_accumulation_steps=t.gradient_accumulation_steps,

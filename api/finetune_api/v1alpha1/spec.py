@@ -152,6 +152,12 @@ class TrainingSpec(ApiModel):
     weight_decay: float = Field(default=1e-4, ge=0, description="Default: 1e-4.")
     warmup_steps: int = Field(default=0, ge=0, description="Default: 0.")
     max_grad_norm: float = Field(default=1.0, ge=0, description="Gradient clipping. Default: 1.0.")
+    neftune_noise_alpha: float | None = Field(
+        default=None,
+        gt=0,
+        description="NEFTune: uniform noise of scale alpha / sqrt(sequence length x hidden size) added to the input "
+        "embeddings while training (the paper used 5 to 15). Default: off.",
+    )
     per_device_train_batch_size: int = Field(default=8, ge=1, le=65536, description="Default: 8.")
     per_device_eval_batch_size: int = Field(default=8, ge=1, le=65536, description="Default: 8.")
     gradient_accumulation_steps: int = Field(default=1, ge=1, le=65536, description="Default: 1.")
