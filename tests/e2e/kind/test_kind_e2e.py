@@ -1,8 +1,8 @@
 """The end-to-end tests of tests/e2e/node on a kind cluster, plus the tiny CPU example and `helm test`.
 
 The same test functions as on the local control plane's real node (imported from
-tests/e2e/node/test_finetunejob_e2e.py), with this module's `e2e_cluster`: both images built with
-`docker build` from the Dockerfile, loaded with `kind load docker-image`, and no placement (every kind node
+tests/e2e/node/test_finetunejob_e2e.py), with this module's `e2e_cluster`: both images built by hack/images.sh
+with Docker, loaded with `kind load docker-image`, and no placement (every kind node
 is real). Runs where `docker info` succeeds and `kind` is on PATH; skipped with the reason elsewhere:
 
     venv/bin/pytest tests/e2e/kind -m kind -s
@@ -130,9 +130,11 @@ def kind_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KindClust
 
 @pytest.fixture(scope="module")
 def e2e_cluster(kind_cluster: KindCluster) -> ProductCluster:
-    """Both images built from this checkout and loaded into the kind nodes; no placement needed."""
-    for target, image in (("operator", OPERATOR_IMAGE), ("trainer", TRAINER_IMAGE)):
-        run("docker", "build", "--target", target, "--tag", image.ref, str(REPO), timeout=3600)
+    """Both images built from this checkout by hack/images.sh with Docker (the targets, build arguments and
+    content check of `make images`), loaded into the kind nodes; no placement needed."""
+    run("env", f"FTJOB_IMAGE_REPO={OPERATOR_IMAGE.repository.rsplit('/', 1)[0]}", f"FTJOB_IMAGE_TAG={TAG}",
+        str(REPO / "hack" / "images.sh"), "--builder", "docker", "--no-load", "operator", "trainer", timeout=3600)
+    for image in (OPERATOR_IMAGE, TRAINER_IMAGE):
         run("kind", "load", "docker-image", image.ref, "--name", kind_cluster.name, timeout=900)
     return ProductCluster(
         description=f"kind cluster {kind_cluster.name}",
