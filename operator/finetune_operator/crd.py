@@ -2,12 +2,16 @@
 
 pydantic's JSON schema is turned into a structural OpenAPI v3 schema: `$ref`s inlined, titles and
 defaults dropped (the model applies defaults; API-server defaulting would rewrite stored objects),
-`X | None` turned into a nullable X, and CEL rules kept beside the field they guard.
+`X | None` turned into a nullable X, and CEL rules kept beside the field they guard. The CEL rules are
+the CEL side of each API object's rule table (`finetune_api.v1alpha1.rules`), which pydantic writes into
+the JSON schema; the root's come from `FineTuneJob`'s table.
 """
 
 from typing import Any
 
 from finetune_api import constants
+from finetune_api.v1alpha1.resource import FineTuneJob
+from finetune_api.v1alpha1.rules import rules_of
 from finetune_api.v1alpha1.spec import FineTuneJobSpec
 from finetune_api.v1alpha1.status import FineTuneJobStatus
 
@@ -124,7 +128,9 @@ def build_crd() -> dict[str, Any]:
                             "properties": {
                                 "apiVersion": {"type": "string"},
                                 "kind": {"type": "string"},
-                                "metadata": {"type": "object"},
+                                # The name's type only, so that a rule's fieldPath may name it (the API server
+                                # allows a CRD no other metadata schema).
+                                "metadata": {"type": "object", "properties": {"name": {"type": "string"}}},
                                 "spec": structural_schema(FineTuneJobSpec),
                                 "status": {
                                     **structural_schema(FineTuneJobStatus),
@@ -132,13 +138,7 @@ def build_crd() -> dict[str, Any]:
                                     "x-kubernetes-preserve-unknown-fields": True,
                                 },
                             },
-                            "x-kubernetes-validations": [
-                                {
-                                    "rule": f"size(self.metadata.name) <= {constants.JOB_NAME_MAX}",
-                                    "message": f"metadata.name must be at most {constants.JOB_NAME_MAX} "
-                                    "characters so every child's name stays a valid DNS label",
-                                }
-                            ],
+                            "x-kubernetes-validations": [entry.validation() for entry in rules_of(FineTuneJob)],
                         }
                     },
                 }

@@ -9,9 +9,11 @@ securityContext. `PodPolicy` is what the operator's deployment allows (`ftjob op
 chart's `podPolicy` values); `check_pod_policy` lists every way a job's template goes beyond it, with
 field paths, and `render_all` refuses such a job (reason `InvalidSpec`) before any child exists.
 
-Rules that need no configuration are not here: the CRD says them at `kubectl apply` (CEL) and
-`finetune_operator.validation` says them again: reserved label keys, a toleration of every taint, an
-env `secretKeyRef` to a Secret the job does not name in its own secret references.
+Rules that need no configuration are not here. Reserved label keys and a toleration of every taint are
+entries of the API objects' rule tables (`finetune_api.v1alpha1.rules`): the CRD states them in CEL at
+`kubectl apply` and `finetune_operator.validation.check_job` runs the same entries in Python. An env
+`secretKeyRef` to a Secret the job does not name in its own secret references is one of `validation`'s
+free-form rules (CEL cannot read env entries).
 
 One grammar for every allow-list: `*` allows any value except the sensitive ones, which pass only when
 named (a `system-*` priority class, the AppArmor/seccomp annotations, which the security level governs

@@ -1,11 +1,21 @@
-"""Cross-field rules on a parsed spec, all collected at once, and the operator's pod policy.
+"""Every rule a parsed FineTuneJob breaks, collected at once, with field paths: `check_job`.
 
-The CRD's CEL rules say most of these at `kubectl apply`; this module says them again (and the ones
-CEL cannot, such as reserved env names) so `ftjob render`, `ftjob run` and the operator reject the
-same specs with the same words. The template rules that need no configuration are here too (reserved
-label keys and a toleration of every taint, with the CRD's own path and message; env Secret references,
-which CEL cannot read in free-form env entries); the ones that depend on the operator's flags are
-`finetune_operator.policy`'s, checked with the rest. Pure: no I/O, no Kubernetes.
+`ftjob render`, `ftjob run` and the operator call it, so the three accept and reject the same jobs with the
+same words. The rules come from four places, kept apart because they differ in who else checks them:
+
+1. The API objects' rule tables (`finetune_api.v1alpha1.rules`): the rules the CRD's CEL states at `kubectl
+   apply`, here run in Python from the same table entries, with the API server's path and message. A job
+   that breaks one can still reach the operator: stored under an older CRD, or never applied (`ftjob render`).
+2. `free_form_errors`: rules inside fields the CRD keeps free-form or untyped (DeepSpeed overrides, env
+   entries, the PVC source, targetModules), which CEL cannot read.
+3. `trainer_errors`: rules the CRD does not state, though CEL could: what the trainer can run (a CPU has no
+   bitsandbytes 4-bit nor fp16; a 4-bit model cannot be merged; an eval strategy needs an eval split and
+   step numbers). The API server accepts such a job and the operator fails it with reason InvalidSpec;
+   moving one into its object's table would make `kubectl apply` refuse it.
+4. The operator's pod policy (`finetune_operator.policy`), which depends on the operator's flags.
+
+The memory planner's rules (`zeroStage: auto` must fit) are `render`'s: they need the plan. Pure: no I/O,
+no Kubernetes.
 """
 
 from collections.abc import Callable
@@ -15,12 +25,8 @@ from pydantic import BaseModel
 from finetune_api import constants
 from finetune_api.v1alpha1.errors import FieldError
 from finetune_api.v1alpha1.resource import FineTuneJob
-from finetune_api.v1alpha1.spec import (
-    RESERVED_LABELS_MESSAGE,
-    TOLERATE_EVERYTHING_MESSAGE,
-    FineTuneJobSpec,
-    SecretKeyRef,
-)
+from finetune_api.v1alpha1.rules import violations
+from finetune_api.v1alpha1.spec import FineTuneJobSpec, SecretKeyRef
 from finetune_operator.policy import PodPolicy, check_pod_policy
 
 DS = "spec.distributed.deepspeed"
@@ -34,6 +40,8 @@ OWNED_OVERRIDES = {
     ("gradient_accumulation_steps",): "spec.training.gradientAccumulationSteps",
     ("train_batch_size",): "spec.training.perDeviceTrainBatchSize and gradientAccumulationSteps",
 }
+
+Report = Callable[[str, str], None]
 
 
 def _lookup(data: dict[str, object], path: tuple[str, ...]) -> bool:
@@ -66,18 +74,11 @@ def declared_secret_refs(spec: FineTuneJobSpec) -> dict[tuple[str, str], str]:
     return found
 
 
-def _check_template(spec: FineTuneJobSpec, bad: Callable[[str, str], None]) -> None:
-    """The template rules that need no configuration (labels and tolerations as the CRD says them)."""
-    template = spec.template
-    if any(
-        k.startswith(constants.RESERVED_LABEL_PREFIXES) or k in constants.RESERVED_LABEL_KEYS for k in template.labels
-    ):
-        bad("spec.template.labels", RESERVED_LABELS_MESSAGE)
-    for i, toleration in enumerate(template.tolerations):
-        if not toleration.key and toleration.operator == "Exists":
-            bad(f"spec.template.tolerations[{i}]", TOLERATE_EVERYTHING_MESSAGE)
+def _env_errors(spec: FineTuneJobSpec, bad: Report) -> None:
+    """`spec.template.env`: a name the operator does not set, and a secretKeyRef only to a Secret key the spec
+    names elsewhere (a pod reads only what its author declared)."""
     declared = declared_secret_refs(spec)
-    for i, env in enumerate(template.env):
+    for i, env in enumerate(spec.template.env):
         name = env.get("name")
         if not isinstance(name, str) or not name:
             bad(f"spec.template.env[{i}].name", "is required")
@@ -99,42 +100,26 @@ def _check_template(spec: FineTuneJobSpec, bad: Callable[[str, str], None]) -> N
                 )
 
 
-def check_job(job: FineTuneJob, policy: PodPolicy | None = None) -> list[FieldError]:
-    """Every rule a parsed job breaks, the pod policy's included (default: `PodPolicy()`); empty when it can run."""
-    spec = job.spec
-    ds = spec.distributed.deepspeed
-    errors: list[FieldError] = []
-
-    def bad(path: str, message: str) -> None:
-        errors.append(FieldError(path, message))
-
-    if len(job.name) > constants.JOB_NAME_MAX:
-        bad(
-            "metadata.name",
-            f"must be at most {constants.JOB_NAME_MAX} characters so child names stay DNS labels",
-        )
-    stage = ds.zero_stage
-    if ds.offload_params != "none" and stage not in (3, "auto"):
-        bad(
-            f"{DS}.offloadParams",
-            f"{ds.offload_params!r} needs zeroStage 3 (got {stage}); set zeroStage: 3 or offloadParams: none",
-        )
-    if ds.offload_optimizer != "none" and stage == 0:
-        bad(
-            f"{DS}.offloadOptimizer",
-            f"{ds.offload_optimizer!r} needs zeroStage >= 1 (got 0); set zeroStage: 1, 2 or 3, "
-            "or offloadOptimizer: none",
-        )
-    if "nvme" in (ds.offload_params, ds.offload_optimizer) and not ds.nvme_path:
-        bad(f"{DS}.nvmePath", "is required with nvme offload; set it to a local NVMe mount")
+def free_form_errors(spec: FineTuneJobSpec, bad: Report) -> None:
+    """Rules inside fields the CRD keeps free-form (`x-kubernetes-preserve-unknown-fields`), where CEL sees no
+    keys: DeepSpeed overrides of keys the spec owns, env entries, the PVC source, and targetModules (a string
+    or a list, which has no structural schema)."""
     for path, owner in OWNED_OVERRIDES.items():
-        if _lookup(ds.overrides, path):
+        if _lookup(spec.distributed.deepspeed.overrides, path):
             bad(f"{DS}.overrides.{'.'.join(path)}", f"is set by the spec; use {owner} instead")
-    if spec.model.quantization is not None and spec.adapter.type != "lora":
-        bad("spec.model.quantization", "QLoRA needs a LoRA adapter (spec.adapter.type: lora)")
+    volume = spec.output.checkpoints
+    if (volume.persistent_volume_claim is None) == (volume.empty_dir is None):
+        bad("spec.output.checkpoints", "set exactly one of persistentVolumeClaim or emptyDir")
+    elif volume.persistent_volume_claim is not None and not volume.persistent_volume_claim.get("claimName"):
+        bad("spec.output.checkpoints.persistentVolumeClaim.claimName", "is required")
+    _env_errors(spec, bad)
+    if isinstance(spec.adapter.target_modules, list) and not spec.adapter.target_modules:
+        bad("spec.adapter.targetModules", "must name at least one module, or be 'all-linear'")
+
+
+def trainer_errors(spec: FineTuneJobSpec, bad: Report) -> None:
+    """Rules the CRD does not state: what the trainer can run (see the module docstring)."""
     dist = spec.distributed
-    if dist.gpus_per_node == 0 and dist.processes_per_node is None:
-        bad("spec.distributed.processesPerNode", "must be set when gpusPerNode is 0 (CPU-only job)")
     if dist.gpus_per_node == 0 and spec.model.quantization is not None:
         bad("spec.model.quantization", "bitsandbytes 4-bit needs GPUs; set distributed.gpusPerNode > 0")
     if dist.gpus_per_node and dist.processes_per_node and dist.processes_per_node > dist.gpus_per_node:
@@ -143,10 +128,6 @@ def check_job(job: FineTuneJob, policy: PodPolicy | None = None) -> list[FieldEr
             f"{dist.processes_per_node} processes cannot share {dist.gpus_per_node} GPUs; use at most gpusPerNode",
         )
     training = spec.training
-    if training.save_strategy == "steps" and training.save_steps is None:
-        bad("spec.training.saveSteps", "is required with saveStrategy: steps")
-    if training.offload_activations and not training.gradient_checkpointing:
-        bad("spec.training.offloadActivations", "needs gradientCheckpointing: true (only checkpoints are offloaded)")
     if training.eval_strategy == "steps" and training.eval_steps is None:
         bad("spec.training.evalSteps", "is required with evalStrategy: steps")
     if training.eval_strategy != "no" and len(spec.dataset.splits) < 2:
@@ -162,12 +143,16 @@ def check_job(job: FineTuneJob, policy: PodPolicy | None = None) -> list[FieldEr
             "spec.training.mergeAdapter",
             "cannot merge into a 4-bit base model; unset it or drop quantization",
         )
-    volume = spec.output.checkpoints
-    if (volume.persistent_volume_claim is None) == (volume.empty_dir is None):
-        bad("spec.output.checkpoints", "set exactly one of persistentVolumeClaim or emptyDir")
-    elif volume.persistent_volume_claim is not None and not volume.persistent_volume_claim.get("claimName"):
-        bad("spec.output.checkpoints.persistentVolumeClaim.claimName", "is required")
-    _check_template(spec, bad)
-    if isinstance(spec.adapter.target_modules, list) and not spec.adapter.target_modules:
-        bad("spec.adapter.targetModules", "must name at least one module, or be 'all-linear'")
+
+
+def check_job(job: FineTuneJob, policy: PodPolicy | None = None) -> list[FieldError]:
+    """Every rule a parsed job breaks, the pod policy's included (default: `PodPolicy()`); empty when it can run.
+    In the module docstring's order: the rule tables, free-form fields, the trainer's limits, the pod policy."""
+    errors = violations(job)
+
+    def bad(path: str, message: str) -> None:
+        errors.append(FieldError(path, message))
+
+    free_form_errors(job.spec, bad)
+    trainer_errors(job.spec, bad)
     return errors + check_pod_policy(job, policy or PodPolicy())

@@ -17,7 +17,7 @@ INVALID = [
         "offload params without stage 3 is rejected",
         job_body(zero=2, offload_params="cpu"),
         "spec.distributed.deepspeed.offloadParams",
-        "needs zeroStage 3 (got 2)",
+        "needs zeroStage 3; set zeroStage: 3 or offloadParams: none",
     ),
     (
         "offload optimizer with stage 0 is rejected",
@@ -35,7 +35,7 @@ INVALID = [
         "a zero stage of 4 is rejected",
         job_body(zero=4),
         "spec.distributed.deepspeed.zeroStage",
-        "Input should be",
+        "zeroStage must be 0, 1, 2, 3 or 'auto'",
     ),
     (
         "an unknown field is rejected as a typo",
@@ -53,7 +53,7 @@ INVALID = [
         "a name too long for child DNS labels is rejected",
         job_body(name="x" * 60),
         "metadata.name",
-        "at most 55 characters so child names stay DNS labels",
+        "at most 55 characters so every child's name stays a valid DNS label",
     ),
     (
         "a cpu job without processesPerNode is rejected",

@@ -1,9 +1,12 @@
-"""The base model every API object shares: camelCase on the wire, snake_case in Python, no typos."""
+"""The base model every API object shares: camelCase on the wire, snake_case in Python, no typos, and the
+object's rule table (`finetune_api.v1alpha1.rules`) in its JSON schema as the CRD's CEL rules."""
 
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 from pydantic.alias_generators import to_camel
+
+from finetune_api.v1alpha1.rules import cel_schema_extra
 
 
 class ApiModel(BaseModel):
@@ -15,22 +18,9 @@ class ApiModel(BaseModel):
         extra="forbid",
         validate_assignment=True,
         use_attribute_docstrings=False,
+        json_schema_extra=cel_schema_extra,
     )
 
     def to_dict(self, **kwargs: Any) -> dict[str, Any]:
         """The wire form: camelCase keys, JSON types."""
         return self.model_dump(by_alias=True, mode="json", **kwargs)
-
-
-def cel(rule: str, message: str, *, field_path: str | None = None) -> dict[str, str]:
-    """One `x-kubernetes-validations` entry; kept beside the field it guards."""
-    entry = {"rule": rule, "message": message}
-    if field_path:
-        entry["fieldPath"] = field_path
-    return entry
-
-
-def with_cel_rules(*rules: dict[str, str]) -> ConfigDict:
-    """ApiModel's config plus object-level CEL rules (cross-field rules live on the object they span)."""
-    extra: dict[str, Any] = {"x-kubernetes-validations": list(rules)}
-    return ConfigDict(**ApiModel.model_config, json_schema_extra=extra)

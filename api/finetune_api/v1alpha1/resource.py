@@ -6,6 +6,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from finetune_api import constants
 from finetune_api.v1alpha1.errors import InvalidSpecError
+from finetune_api.v1alpha1.rules import rule
 from finetune_api.v1alpha1.spec import FineTuneJobSpec
 from finetune_api.v1alpha1.status import FineTuneJobStatus
 
@@ -33,6 +34,15 @@ class FineTuneJob(BaseModel):
     metadata: ObjectMeta
     spec: FineTuneJobSpec
     status: FineTuneJobStatus = Field(default_factory=FineTuneJobStatus)
+
+    @rule(
+        ".metadata.name",
+        f"size(self.metadata.name) <= {constants.JOB_NAME_MAX}",
+        f"metadata.name must be at most {constants.JOB_NAME_MAX} characters so every child's name stays a valid "
+        "DNS label",
+    )
+    def name_leaves_room_for_children(self) -> bool:
+        return len(self.metadata.name) <= constants.JOB_NAME_MAX
 
     @classmethod
     def from_body(cls, body: Any) -> Self:

@@ -2,8 +2,10 @@
 
 Every field's description is `kubectl explain` text and states the default. Defaults live here, in
 the model, not in the CRD schema: API-server defaulting would rewrite stored objects. Rules between
-fields that CEL can say sit beside the object they guard (`x-kubernetes-validations`); the same rules
-are checked again in Python by `finetune_operator.validation` so `ftjob render` reports them too.
+fields that CEL can say sit in the object they guard, each as one entry of its rule table
+(`finetune_api.v1alpha1.rules`): the CEL the CRD carries and the Python `check_job` runs, side by side,
+with one path and one message. A CEL expression reads the object as written, so it reads an absent field
+as the default the model gives it.
 """
 
 from typing import Annotated, Any, Literal
@@ -11,22 +13,18 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, WithJsonSchema
 
 from finetune_api import constants
-from finetune_api.v1alpha1.base import ApiModel, cel, with_cel_rules
+from finetune_api.v1alpha1.base import ApiModel
+from finetune_api.v1alpha1.rules import ValueRule, rule, transition_rule
 
 Dtype = Literal["bfloat16", "float16", "float32"]
 OffloadDevice = Literal["none", "cpu", "nvme"]
 ZeroStage = Annotated[
     Literal[0, 1, 2, 3, "auto"],
-    WithJsonSchema(
-        {
-            "x-kubernetes-int-or-string": True,
-            "x-kubernetes-validations": [
-                cel(
-                    "type(self) == string ? self == 'auto' : (self >= 0 && self <= 3)",
-                    "zeroStage must be 0, 1, 2, 3 or 'auto'",
-                )
-            ],
-        }
+    WithJsonSchema({"x-kubernetes-int-or-string": True}),
+    ValueRule(
+        "type(self) == string ? self == 'auto' : (self >= 0 && self <= 3)",
+        lambda stage: stage == "auto" if isinstance(stage, str) else type(stage) is int and 0 <= stage <= 3,
+        "zeroStage must be 0, 1, 2, 3 or 'auto'",
     ),
 ]
 Quantity = Annotated[str | int, WithJsonSchema({"x-kubernetes-int-or-string": True})]
@@ -135,13 +133,14 @@ class AdapterSpec(ApiModel):
 class TrainingSpec(ApiModel):
     """Hyper-parameters: the seed's launch flags."""
 
-    model_config = with_cel_rules(
-        cel(
-            "!has(self.offloadActivations) || !self.offloadActivations || "
-            "!has(self.gradientCheckpointing) || self.gradientCheckpointing",
-            "training.offloadActivations needs gradientCheckpointing: true",
-        ),
+    @rule(
+        ".offloadActivations",
+        "!has(self.offloadActivations) || !self.offloadActivations || "
+        "!has(self.gradientCheckpointing) || self.gradientCheckpointing",
+        "training.offloadActivations needs gradientCheckpointing: true (only checkpoints are offloaded)",
     )
+    def offloaded_activations_are_checkpoints(self) -> bool:
+        return not self.offload_activations or self.gradient_checkpointing
 
     epochs: float | None = Field(default=None, gt=0, description="num_train_epochs. Default: 1 unless maxSteps.")
     max_steps: int | None = Field(default=None, gt=0, description="Stop after this many optimizer steps.")
@@ -224,12 +223,14 @@ class RendezvousSpec(ApiModel):
 class DistributedSpec(ApiModel):
     """How many machines and GPUs, and how the model is sharded across them."""
 
-    model_config = with_cel_rules(
-        cel(
-            "self.gpusPerNode > 0 || has(self.processesPerNode)",
-            "processesPerNode must be set when gpusPerNode is 0 (CPU-only job)",
-        )
+    @rule(
+        ".processesPerNode",
+        "!has(self.gpusPerNode) || self.gpusPerNode > 0 || has(self.processesPerNode)",
+        "processesPerNode must be set when gpusPerNode is 0 (CPU-only job)",
+        reason="FieldValueRequired",
     )
+    def cpu_jobs_count_their_processes(self) -> bool:
+        return self.gpus_per_node > 0 or self.processes_per_node is not None
 
     nodes: int = Field(default=1, ge=1, le=512, description="Pods (machines). Default: 1.")
     gpus_per_node: int = Field(default=8, ge=0, le=16, description="GPUs per pod; 0 runs on CPU. Default: 8.")
@@ -304,27 +305,22 @@ def _reserved_label(key: str) -> str:
     return "(" + " || ".join([*prefixes, f"{key} in [{exact}]"]) + ")"
 
 
+def reserved_label(key: str) -> bool:
+    """`key` is a label key the operator or the Job controller sets: `_reserved_label`'s CEL, in Python."""
+    return key.startswith(constants.RESERVED_LABEL_PREFIXES) or key in constants.RESERVED_LABEL_KEYS
+
+
 RESERVED_LABELS_MESSAGE = (
     f"label keys under {' or '.join(constants.RESERVED_LABEL_PREFIXES)} and the keys "
     f"{', '.join(constants.RESERVED_LABEL_KEYS)} are reserved for the operator and the Job controller"
 )
-"""`spec.template.labels`: the CEL rule's message and `finetune_operator.validation`'s, word for word."""
-PodLabels = Annotated[
-    dict[str, str],
-    WithJsonSchema(
-        {
-            "type": "object",
-            "additionalProperties": {"type": "string"},
-            "x-kubernetes-validations": [cel(f"self.all(k, !{_reserved_label('k')})", RESERVED_LABELS_MESSAGE)],
-        }
-    ),
-]
+"""`spec.template.labels`: the message of `PodTemplate.labels_leave_reserved_keys_alone`."""
 
 TOLERATE_EVERYTHING_MESSAGE = (
     "an empty key with operator Exists tolerates every taint (control-plane and node-problem taints "
     "included); name the taint's key"
 )
-"""`spec.template.tolerations[i]`: the CEL rule's message and `finetune_operator.validation`'s, word for word."""
+"""`spec.template.tolerations[i]`: the message of `Toleration.tolerates_a_named_taint`."""
 
 
 class Toleration(ApiModel):
@@ -333,12 +329,13 @@ class Toleration(ApiModel):
     # Typed (not free-form) so that CEL can read it; `operator` and `effect` stay strings, whose values the
     # API server checks when it creates the Job.
 
-    model_config = with_cel_rules(
-        cel(
-            "(has(self.key) && self.key != '') || !has(self.operator) || self.operator != 'Exists'",
-            TOLERATE_EVERYTHING_MESSAGE,
-        ),
+    @rule(
+        "",
+        "(has(self.key) && self.key != '') || !has(self.operator) || self.operator != 'Exists'",
+        TOLERATE_EVERYTHING_MESSAGE,
     )
+    def tolerates_a_named_taint(self) -> bool:
+        return bool(self.key) or self.operator != "Exists"
 
     key: str | None = Field(default=None, max_length=317, description="Taint key (required by the pod policy).")
     operator: str | None = Field(default=None, max_length=16, description="Exists or Equal. Default: Equal.")
@@ -356,6 +353,10 @@ class PodTemplate(ApiModel):
     (`ftjob operator --allowed-*` flags, the chart's `podPolicy` values) decides which images, ServiceAccounts,
     priority classes, annotations, labels, tolerations and securityContext values a template may ask for.
     """
+
+    @rule(".labels", f"!has(self.labels) || self.labels.all(k, !{_reserved_label('k')})", RESERVED_LABELS_MESSAGE)
+    def labels_leave_reserved_keys_alone(self) -> bool:
+        return not any(reserved_label(key) for key in self.labels)
 
     image: str | None = Field(
         default=None,
@@ -378,7 +379,7 @@ class PodTemplate(ApiModel):
         max_length=253,
         description="PriorityClass; system-* classes only where the pod policy names them.",
     )
-    labels: PodLabels = Field(
+    labels: dict[str, str] = Field(
         default_factory=dict,
         description="Extra pod labels; keys under the pod policy's allowed label prefixes, none reserved.",
     )
@@ -421,49 +422,84 @@ _IMMUTABLE_RULE = (
 )
 
 
+def _as_written(spec: ApiModel, field: str) -> dict[str, Any] | None:
+    """A section as the object holds it, which is what CEL compares: None when absent, else the fields set."""
+    if field not in spec.model_fields_set:
+        return None
+    section: ApiModel = getattr(spec, field)
+    return section.to_dict(exclude_unset=True)
+
+
 class FineTuneJobSpec(ApiModel):
     """What to fine-tune, on what data, how, where it runs and where the result goes."""
 
-    model_config = with_cel_rules(
-        cel(
-            "!has(self.model.quantization) || !has(self.adapter) || self.adapter.type == 'lora'",
-            "model.quantization (QLoRA) needs a LoRA adapter",
-        ),
-        cel(
-            "!has(self.distributed) || !has(self.distributed.deepspeed) || "
-            "!has(self.distributed.deepspeed.offloadParams) || self.distributed.deepspeed.offloadParams "
-            "== 'none' || !has(self.distributed.deepspeed.zeroStage) || "
-            "type(self.distributed.deepspeed.zeroStage) == string || self.distributed.deepspeed.zeroStage == 3",
-            "distributed.deepspeed.offloadParams needs zeroStage 3",
-        ),
-        cel(
-            "!has(self.distributed) || !has(self.distributed.deepspeed) || "
-            "!has(self.distributed.deepspeed.offloadOptimizer) || "
-            "self.distributed.deepspeed.offloadOptimizer == 'none' || "
-            "(has(self.distributed.deepspeed.zeroStage) && "
-            "(type(self.distributed.deepspeed.zeroStage) == string || "
-            "self.distributed.deepspeed.zeroStage >= 1))",
-            "distributed.deepspeed.offloadOptimizer needs zeroStage >= 1",
-        ),
-        cel(
-            "!has(self.distributed) || !has(self.distributed.deepspeed) || "
-            "has(self.distributed.deepspeed.nvmePath) || "
-            "((!has(self.distributed.deepspeed.offloadOptimizer) || "
-            "self.distributed.deepspeed.offloadOptimizer != 'nvme') && "
-            "(!has(self.distributed.deepspeed.offloadParams) || "
-            "self.distributed.deepspeed.offloadParams != 'nvme'))",
-            "distributed.deepspeed.nvmePath is required with nvme offload",
-        ),
-        cel(
-            "!has(self.training) || !has(self.training.saveStrategy) || "
-            "self.training.saveStrategy != 'steps' || has(self.training.saveSteps)",
-            "training.saveSteps is required with saveStrategy: steps",
-        ),
-        cel(
-            _IMMUTABLE_RULE,
-            "the spec of a running job is immutable except runPolicy; set runPolicy.suspend: true first",
-        ),
+    @rule(
+        ".model.quantization",
+        "!has(self.model.quantization) || !has(self.adapter) || !has(self.adapter.type) || self.adapter.type == 'lora'",
+        "model.quantization (QLoRA) needs a LoRA adapter (adapter.type: lora)",
     )
+    def qlora_is_lora(self) -> bool:
+        return self.model.quantization is None or self.adapter.type == "lora"
+
+    @rule(
+        ".distributed.deepspeed.offloadParams",
+        "!has(self.distributed) || !has(self.distributed.deepspeed) || "
+        "!has(self.distributed.deepspeed.offloadParams) || self.distributed.deepspeed.offloadParams "
+        "== 'none' || !has(self.distributed.deepspeed.zeroStage) || "
+        "type(self.distributed.deepspeed.zeroStage) == string || self.distributed.deepspeed.zeroStage == 3",
+        "distributed.deepspeed.offloadParams needs zeroStage 3; set zeroStage: 3 or offloadParams: none",
+    )
+    def params_offload_is_zero3(self) -> bool:
+        deepspeed = self.distributed.deepspeed
+        return deepspeed.offload_params == "none" or deepspeed.zero_stage in (3, "auto")
+
+    @rule(
+        ".distributed.deepspeed.offloadOptimizer",
+        "!has(self.distributed) || !has(self.distributed.deepspeed) || "
+        "!has(self.distributed.deepspeed.offloadOptimizer) || "
+        "self.distributed.deepspeed.offloadOptimizer == 'none' || "
+        "!has(self.distributed.deepspeed.zeroStage) || "
+        "type(self.distributed.deepspeed.zeroStage) == string || "
+        "self.distributed.deepspeed.zeroStage >= 1",
+        "distributed.deepspeed.offloadOptimizer needs zeroStage >= 1; set zeroStage: 1, 2 or 3, "
+        "or offloadOptimizer: none",
+    )
+    def optimizer_offload_is_zero(self) -> bool:
+        deepspeed = self.distributed.deepspeed
+        return deepspeed.offload_optimizer == "none" or deepspeed.zero_stage != 0
+
+    @rule(
+        ".distributed.deepspeed.nvmePath",
+        "!has(self.distributed) || !has(self.distributed.deepspeed) || "
+        "(has(self.distributed.deepspeed.nvmePath) && self.distributed.deepspeed.nvmePath != '') || "
+        "((!has(self.distributed.deepspeed.offloadOptimizer) || "
+        "self.distributed.deepspeed.offloadOptimizer != 'nvme') && "
+        "(!has(self.distributed.deepspeed.offloadParams) || "
+        "self.distributed.deepspeed.offloadParams != 'nvme'))",
+        "distributed.deepspeed.nvmePath is required with nvme offload; set it to a local NVMe mount",
+        reason="FieldValueRequired",
+    )
+    def nvme_offload_has_a_path(self) -> bool:
+        deepspeed = self.distributed.deepspeed
+        return bool(deepspeed.nvme_path) or "nvme" not in (deepspeed.offload_optimizer, deepspeed.offload_params)
+
+    @rule(
+        ".training.saveSteps",
+        "!has(self.training) || !has(self.training.saveStrategy) || "
+        "self.training.saveStrategy != 'steps' || has(self.training.saveSteps)",
+        "training.saveSteps is required with saveStrategy: steps",
+        reason="FieldValueRequired",
+    )
+    def step_saves_say_when(self) -> bool:
+        return self.training.save_strategy != "steps" or self.training.save_steps is not None
+
+    @transition_rule(
+        "",
+        _IMMUTABLE_RULE,
+        "the spec of a running job is immutable except runPolicy; set runPolicy.suspend: true first",
+    )
+    def unchanged_while_running(self, old: "FineTuneJobSpec") -> bool:
+        return old.run_policy.suspend or all(_as_written(self, f) == _as_written(old, f) for f in _IMMUTABLE)
 
     model: ModelSpec = Field(description="Base model.")
     dataset: DatasetSpec = Field(description="Training data.")
