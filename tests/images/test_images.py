@@ -3,7 +3,7 @@ read-only root filesystem, no capabilities, no network, and only /tmp and HOME's
 rendered pod's emptyDirs). The trainer image trains the builtin tiny model on the CPU.
 
 Runs as root where buildah and podman are installed or apt can install them; skipped with the reason elsewhere.
-The first build downloads torch and its CUDA libraries (several GB, about 10 minutes); later runs reuse
+The first build downloads torch and its CUDA libraries (3 GB of wheels; 6 minutes on 2 cores); later runs reuse
 hack/images.sh's caches and take seconds to build.
 
     pytest tests/images -m images -x
@@ -91,7 +91,7 @@ def images() -> Iterator[Images]:
     reason = missing_prerequisite()
     if reason:
         pytest.skip(f"images not built: {reason}")
-    print("[images] hack/images.sh --no-load (the first build takes about 10 minutes)", file=sys.stderr, flush=True)
+    print("[images] hack/images.sh --no-load (the first build takes about 6 minutes)", file=sys.stderr, flush=True)
     build = subprocess.run(
         [str(SCRIPT), "--no-load", "operator", "trainer"], capture_output=True, text=True, timeout=BUILD_TIMEOUT
     )
