@@ -108,7 +108,8 @@ CMD ["python", "-m", "finetune_trainer", "--help"]
 # trainer-flash-attn (optional, only built when asked: `--target trainer-flash-attn`, `make images
 # FTJOB_FLASH_ATTN=1`): the trainer plus flash-attn, compiled against the image's own Python and torch with the
 # CUDA toolkit copied from the CUDA devel image (a wheel built on that image's Ubuntu would not fit this Python
-# or glibc). Compiling takes about an hour on 16 cores; MAX_JOBS bounds the compiler's memory.
+# or glibc). Compiling is long (kernels for each architecture in TORCH_CUDA_ARCH_LIST; not measured here);
+# MAX_JOBS bounds the compiler's memory.
 # ---------------------------------------------------------------------------------------------------
 FROM ${CUDA_DEVEL_IMAGE} AS cuda-devel
 
