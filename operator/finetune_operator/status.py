@@ -1,14 +1,15 @@
 """Pure status: fold what the operator observed (the attempt Jobs and their pods) into the status.
 
 `compute_status(job, observed, now)` is the one place that decides the phase, the attempt number
-and every condition; `reconcile` turns its answer into child actions, the handlers write it and
-post its transitions as events. It owns the restart, permanent-error, deadline, suspend and Kueue
-rules. It must not do I/O, log, or import kopf, a Kubernetes client or an HTTP library: it returns
-reasons and messages instead. Terminal phases (Succeeded, Failed) are sticky.
+and every condition (`PodsHealthy` from the pods' problems, as `health` reads them); `reconcile`
+turns its answer into child actions, the handlers write it and post its transitions as events. It
+owns the restart, permanent-error, deadline, suspend and Kueue rules. It must not do I/O, log, or
+import kopf, a Kubernetes client or an HTTP library: it returns reasons and messages instead.
+Terminal phases (Succeeded, Failed) are sticky.
 """
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
@@ -17,6 +18,7 @@ from finetune_api.termination import PERMANENT_MEANINGS, TerminationRecord
 from finetune_api.v1alpha1.errors import InvalidSpecError
 from finetune_api.v1alpha1.resource import FineTuneJob
 from finetune_api.v1alpha1.status import TERMINAL_PHASES, Condition, FineTuneJobStatus, Phase, PlanSummary
+from finetune_operator.health import PodProblem, PodsHealth, pods_health
 from finetune_operator.render import Rendered, render_or_errors
 from finetune_operator.render.workload import TERMINATION_GRACE_SECONDS
 
@@ -41,6 +43,7 @@ class PodObserved:
     node: str | None = None
     deleting: bool = False
     termination: TerminationRecord | None = None  # the trainer's record, from the container's termination message
+    problem: PodProblem | None = None  # what the scheduler or kubelet says keeps it from running (`health`)
 
 
 @dataclass(frozen=True)
@@ -149,10 +152,13 @@ def failure_cause(attempt: AttemptObserved) -> FailureCause:
         return FailureCause("PermanentError", text, permanent=True)
     for pod in failed:
         if pod.reason in _NODE_LOST_REASONS:
-            return FailureCause("NodeLost", f"pod {pod.name} on node {pod.node or '?'} was lost ({pod.reason})")
+            why = pod.problem.text if pod.problem is not None else pod.reason
+            return FailureCause("NodeLost", f"pod {pod.name} on node {pod.node or '?'} was lost ({why})")
     for pod in failed:
         if pod.exit_code not in (None, 0):
-            what = _trainer_words(pod.termination) or pod.reason or "Error"
+            # The kubelet's word first: an OOM kill says more than the exit code 137 the trainer never saw coming.
+            kubelet = pod.problem.text if pod.problem else None
+            what = kubelet or _trainer_words(pod.termination) or pod.reason or "Error"
             return FailureCause("PodFailed", f"pod {pod.name} exited with code {pod.exit_code} ({what})")
     detail = attempt.failed_message or attempt.failed_reason or "unknown reason"
     return FailureCause("AttemptFailed", f"Job {attempt.name} failed: {detail}")
@@ -240,10 +246,14 @@ def _set(conditions: list[Condition], ctype: str, status: str, reason: str, mess
     conditions.append(Condition(type=ctype, status=status, reason=reason, message=message, last_transition_time=now))
 
 
-def _conditions(prev: FineTuneJobStatus, v: _Verdict, created: bool, now: datetime) -> list[Condition]:
+def _conditions(
+    prev: FineTuneJobStatus, v: _Verdict, created: bool, now: datetime, health: PodsHealth | None = None
+) -> list[Condition]:
     conditions = [c.model_copy() for c in prev.conditions]
     if created:
         _set(conditions, "Created", "True", "ChildrenCreated", f"attempt {v.attempt} created", now)
+    if health is not None:
+        _set(conditions, "PodsHealthy", health.status, health.reason, health.message, now)
     suspended = v.phase == "Suspended" or v.reason == "WaitingForAdmission"
     active = {"Running": v.phase == "Running", "Restarting": v.phase == "Restarting", "Suspended": suspended}
     for ctype, is_true in active.items():
@@ -301,10 +311,14 @@ def compute_status(
     v = _verdict(job, observed, now)
     current = observed.attempts.get(v.attempt)
     start_time = _start_time(prev, v, current, now)
+    health = _health(prev, observed, v)
+    if current is not None and health is not None and not health.healthy and v.phase not in TERMINAL_PHASES:
+        # Waiting for pods (Pending, Running short of a node, Restarting into a new attempt): say why.
+        v = replace(v, message=f"{v.message}; {health.message}"[:32768])
     status = prev.model_copy(
         update={
             "phase": v.phase,
-            "conditions": _conditions(prev, v, current is not None or v.attempt > 1, now),
+            "conditions": _conditions(prev, v, current is not None or v.attempt > 1, now, health),
             "attempt": v.attempt,
             "observed_generation": generation,
             "start_time": start_time,
@@ -317,6 +331,16 @@ def compute_status(
         }
     )
     return StatusResult(status, _transitions(prev, v), reason=v.reason)
+
+
+def _health(prev: FineTuneJobStatus, observed: Observed, v: _Verdict) -> PodsHealth | None:
+    """The `PodsHealthy` condition: the current attempt's pods; while the next attempt's Job is yet to be
+    created, those of the attempt that just failed (an OOM kill stays in view until the restart). None (no
+    condition yet) until the first pod exists: before that there is nothing to speak of."""
+    attempt = observed.attempts.get(v.attempt) or observed.attempts.get(v.attempt - 1)
+    if attempt is None or not (attempt.pods or any(c.type == "PodsHealthy" for c in prev.conditions)):
+        return None
+    return pods_health((pod.name, pod.problem) for pod in attempt.pods)
 
 
 def child_conflict(job: FineTuneJob, attempt: int, reason: ConflictReason, message: str, now: datetime) -> StatusResult:

@@ -25,7 +25,11 @@ from finetune_api.v1alpha1.base import ApiModel
 from finetune_api.v1alpha1.spec import HubOutput
 
 Phase = Literal["Pending", "Running", "Restarting", "Succeeded", "Failed", "Suspended"]
-ConditionType = Literal["Created", "Running", "Restarting", "Succeeded", "Failed", "Suspended"]
+ConditionType = Literal["Created", "Running", "Restarting", "Succeeded", "Failed", "Suspended", "PodsHealthy"]
+"""`PodsHealthy` is False while a pod of the current attempt cannot be scheduled, cannot get its image, cannot
+start its container (a missing Secret or ConfigMap), was killed for memory, crash-loops or was evicted; its
+reason is the scheduler's or kubelet's (`Unschedulable`, `ErrImagePull`, `OOMKilled`, ...) and its message
+quotes them. True (reason `PodsHealthy`) once no pod shows a problem."""
 TERMINAL_PHASES: frozenset[str] = frozenset({"Succeeded", "Failed"})
 
 INT64_MAX = 2**63 - 1

@@ -17,6 +17,7 @@ import kopf
 
 from finetune_api import constants
 from finetune_api.termination import TerminationRecord
+from finetune_operator.health import pod_problem
 from finetune_operator.reconcile import TEMPLATE_HASH
 from finetune_operator.status import AttemptObserved, Observed, PodObserved
 
@@ -49,7 +50,8 @@ def key_of(meta: Mapping[str, Any]) -> Key:
 
 
 def summarize_pod(body: Mapping[str, Any]) -> PodObserved:
-    """A trainer pod: phase, readiness, the container's exit code, why it ended and the trainer's record."""
+    """A trainer pod: phase, readiness, the container's exit code, why it ended, the trainer's record and what
+    keeps it from running (`health.pod_problem`: scheduler and kubelet messages; kept here, not the pod)."""
     status = body.get("status") or {}
     ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
     exit_code, reason, termination = None, status.get("reason"), None
@@ -70,6 +72,7 @@ def summarize_pod(body: Mapping[str, Any]) -> PodObserved:
         node=(body.get("spec") or {}).get("nodeName"),
         deleting=bool(body["metadata"].get("deletionTimestamp")),
         termination=termination,
+        problem=pod_problem(body),
     )
 
 
