@@ -33,4 +33,24 @@ CASES: dict[str, dict[str, Any]] = {
             "securityLevel": "baseline",
         },
     },
+    # The local cluster (README.md, "Run it on a local cluster"): images from `make images`, never pulled, one
+    # replica, the operator on the real node, and jobs allowed to tolerate that node's taint. README's values
+    # block must stay equal to this (tests/chart/test_local_values.py).
+    "local-node": {
+        "image": {"repository": "localhost/finetune-operator/operator", "tag": "dev", "pullPolicy": "Never"},
+        "trainer": {"image": "localhost/finetune-operator/trainer:dev"},
+        "replicas": 1,
+        "nodeSelector": {"finetune.dev/real-node": "true"},
+        "tolerations": [
+            {"key": "finetune.dev/real-node", "operator": "Equal", "value": "true", "effect": "NoSchedule"}
+        ],
+        "podPolicy": {
+            "allowedTolerations": [
+                "nvidia.com/gpu",
+                "node.kubernetes.io/not-ready",
+                "node.kubernetes.io/unreachable",
+                "finetune.dev/real-node",
+            ]
+        },
+    },
 }
