@@ -24,6 +24,14 @@ cluster-down: ## stop the control plane (keeps .cluster/ logs)
 cluster-purge: ## stop the control plane and delete .cluster/
 	hack/cluster/down.sh --purge
 
+# --- the real worker node (docs/development.md): KWOK nodes only schedule, this one runs pods --
+.PHONY: node-up node-down
+node-up: ## add a real node (containerd, kubelet) to the running cluster; root; builds/installs what it needs
+	hack/cluster/node-up.sh
+
+node-down: ## remove the real node; leaves the machine as node-up found it
+	hack/cluster/node-down.sh
+
 # --- product and tests (README.md) ------------------------------------------------------------
 VENV = $(shell hack/venv.sh)
 PYTEST_ARGS ?=

@@ -42,9 +42,10 @@ stop() {
 }
 
 # leftovers: pids of processes in the node's network namespace (containerd's shims, anything that
-# escaped) or in the kubelet's cgroups (containers); never the holder.
+# escaped) and, when the machine's node is ours (MINE), in the kubelet's cgroups (containers);
+# never the holder.
 leftovers() {
-  local netns holder p
+  local netns holder p cg
   netns=$(cat "$N/netns" 2>/dev/null) || netns=
   holder=$(pid_of holder) || holder=
   {
@@ -53,10 +54,11 @@ leftovers() {
         [[ $(readlink "$p/ns/net" 2>/dev/null) == "$netns" ]] && echo "${p#/proc/}"
       done
     fi
-    local cg
-    for cg in /sys/fs/cgroup/pids/kubepods /sys/fs/cgroup/kubepods; do
-      [[ -d $cg ]] && find "$cg" -name cgroup.procs -exec cat {} + 2>/dev/null
-    done
+    if ((MINE)); then
+      for cg in /sys/fs/cgroup/pids/kubepods /sys/fs/cgroup/kubepods; do
+        [[ -d $cg ]] && find "$cg" -name cgroup.procs -exec cat {} + 2>/dev/null
+      done
+    fi
   } | sort -un | grep -vx "${holder:-none}" || true
 }
 
@@ -88,12 +90,19 @@ api_cleanup_objects() {
 }
 
 main() {
-  local t0=$SECONDS api=0
+  local t0=$SECONDS api=0 owner
   [[ $EUID == 0 ]] || die "needs root"
-  if [[ ! -d $N/pids ]] && ! ip link show "$HOST_VETH" >/dev/null 2>&1; then
+  node_lock
+  # The machine's node (veth, route, kubelet cgroups) is ours unless another cluster directory's
+  # node is plugged in; then only what is left in $N (our own pids, namespaces) is cleaned up.
+  owner=$(node_owner)
+  MINE=1
+  [[ -n $owner && $owner != "$D" ]] && MINE=0
+  if [[ ! -d $N/pids ]] && { ((!MINE)) || [[ -z $owner ]]; }; then
     log "no real node in $N"
     return 0
   fi
+  ((MINE)) || log "this machine's node belongs to FTJOB_CLUSTER_DIR=$owner; cleaning up only what is left in $N"
   api_ok && api=1
   ((api)) && pid_of kubelet >/dev/null && api_cleanup_pods
 
@@ -119,20 +128,22 @@ main() {
     sleep 0.5
   done
   stop holder
-  # The namespaces go with their last process; the host end of the veth pair goes with them.
-  for ((i = 0; i < 50; i++)); do
-    ip link show "$HOST_VETH" >/dev/null 2>&1 || break
-    sleep 0.1
-  done
-  ip link del "$HOST_VETH" 2>/dev/null || true
-  ip route del "$POD_CIDR" 2>/dev/null || true
+  if ((MINE)); then
+    # The namespaces go with their last process; the host end of the veth pair goes with them.
+    for ((i = 0; i < 50; i++)); do
+      ip link show "$HOST_VETH" >/dev/null 2>&1 || break
+      sleep 0.1
+    done
+    ip link del "$HOST_VETH" 2>/dev/null || true
+    ip route del "$POD_CIDR" via "$NODE_IP" 2>/dev/null || true
 
-  # The kubelet's cgroups (QoS classes and pods), deepest first.
-  local cg
-  for cg in /sys/fs/cgroup/*/kubepods /sys/fs/cgroup/kubepods; do
-    [[ -d $cg ]] && find "$cg" -depth -type d -exec rmdir {} + 2>/dev/null || true
-    [[ -d $cg ]] && log "WARNING: could not remove $cg (processes left in it?)"
-  done
+    # The kubelet's cgroups (QoS classes and pods), deepest first.
+    local cg
+    for cg in /sys/fs/cgroup/*/kubepods /sys/fs/cgroup/kubepods; do
+      [[ -d $cg ]] && find "$cg" -depth -type d -exec rmdir {} + 2>/dev/null || true
+      [[ -d $cg ]] && log "WARNING: could not remove $cg (processes left in it?)"
+    done
+  fi
   local d
   if [[ -f $N/host-dirs ]]; then
     while read -r d; do [[ -n $d ]] && rmdir "$d" 2>/dev/null || true; done <"$N/host-dirs"

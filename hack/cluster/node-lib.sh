@@ -33,7 +33,8 @@ export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:$PATH
 log() { printf '[%s %s] %s\n' "$SCRIPT" "$(date -u +%H:%M:%S)" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 
-# pid_of NAME: the pid in pids/NAME.pid if that process still runs the binary we started there.
+# pid_of NAME: the pid in pids/NAME.pid if that process still runs the binary we started there,
+# in this node's network namespace (recorded in $N/netns): a reused pid is never taken for ours.
 pid_of() {
   local f=$N/pids/$1.pid pid exe want=$1
   [[ $1 == holder ]] && want=ftjob-pause
@@ -42,8 +43,22 @@ pid_of() {
   [[ $pid =~ ^[0-9]+$ ]] || return 1
   exe=$(readlink "/proc/$pid/exe" 2>/dev/null) || return 1
   [[ $(basename "$exe") == "$want" ]] || return 1
+  [[ ! -f $N/netns || $(readlink "/proc/$pid/ns/net" 2>/dev/null) == "$(<"$N/netns")" ]] || return 1
   echo "$pid"
 }
+
+# One real node per machine (fixed names and addresses): node-up and node-down of any cluster
+# directory take this lock, on fd 8, which every process they start must close (`8>&-`).
+NODE_LOCK=/tmp/ftjob-node.lock
+node_lock() {
+  exec 8>"$NODE_LOCK"
+  flock -w 600 8 || die "$NODE_LOCK still locked after 10 min (another node-up or node-down?)"
+}
+node_unlock() { exec 8>&-; }
+
+# node_owner: the cluster directory whose node is plugged into the host now (the host end of its
+# veth pair carries it as alias), or nothing.
+node_owner() { ip -o link show "$HOST_VETH" 2>/dev/null | sed -n 's/.*alias FTJOB_CLUSTER_DIR=//p'; }
 
 # in_node CMD...: run CMD in the node's network and mount namespaces.
 in_node() { nsenter --target "$(pid_of holder)" --net --mount -- "$@"; }

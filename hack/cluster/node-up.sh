@@ -60,21 +60,24 @@ preflight() {
     if node_ready; then log "node $NODE_NAME already up ($N/node.env)"; exit 0; fi
     die "node $NODE_NAME is half up; run hack/cluster/node-down.sh first"
   fi
-  if ip link show "$HOST_VETH" >/dev/null 2>&1; then
-    die "a real node is already up on this machine ($(ip -o link show "$HOST_VETH" | sed -n 's/.*alias //p'));" \
-      "there is one per machine: run node-down.sh with that FTJOB_CLUSTER_DIR first"
-  fi
+  not_taken
   if [[ -d $N/pids ]]; then
     log "cleaning up after an earlier node in $N"
     "$HERE/node-down.sh"
   fi
   local cg
-  for cg in /sys/fs/cgroup/*/kubepods; do
+  for cg in /sys/fs/cgroup/*/kubepods /sys/fs/cgroup/kubepods; do
     [[ -d $cg ]] && die "$cg exists: another kubelet runs on this machine (or left it behind)"
   done
   # Unix socket paths are limited to 107 bytes; the kubelet's deepest is about this long.
   local probe=$N/kubelet/root/plugins_registry/csi.example.com-reg.sock
   ((${#probe} < 108)) || die "$N is too deep for unix sockets; set FTJOB_CLUSTER_DIR to a shorter path"
+}
+
+not_taken() {
+  ip link show "$HOST_VETH" >/dev/null 2>&1 || return 0
+  die "this machine's real node is up for FTJOB_CLUSTER_DIR=$(node_owner) (there is one per machine):" \
+    "run make node-down there first"
 }
 
 node_ready() {
@@ -222,7 +225,7 @@ KUBELET_SYSCTLS=(vm/overcommit_memory=1 vm/panic_on_oom=0 kernel/panic=10 kernel
 namespaces() {
   log "creating the node's network and mount namespaces"
   setsid unshare --net --mount --propagation private -- "$BIN/ftjob-pause" \
-    >"$N/logs/holder.log" 2>&1 </dev/null &
+    >"$N/logs/holder.log" 2>&1 </dev/null 8>&- &
   echo $! >"$N/pids/holder.pid"
   local i holder
   for ((i = 0; i < 50; i++)); do
@@ -241,6 +244,9 @@ namespaces() {
   in_node ip addr add "$DNS_IP/32" dev eth0
   in_node ip link set eth0 up
   in_node sh -c 'echo 1 >/proc/sys/net/ipv4/ip_forward'  # this namespace only: pods <-> host
+  # ClusterIPs from the node's own processes (hostNetwork pods): the route only has to exist for
+  # kube-proxy's DNAT to happen; an address it does not map dies unanswered on the bridge.
+  in_node ip route add "$SERVICE_CIDR" dev eth0
   ip route add "$POD_CIDR" via "$NODE_IP" dev "$HOSTNET_IF"  # host -> pods (apiserver -> webhooks)
 
   # Mounts: a private /run (containerd's runc state and shim sockets, /run/netns for pod network
@@ -269,7 +275,7 @@ start() {
   name=$(basename "$name")
   log "starting $name"
   setsid nsenter --target "$(pid_of holder)" --net --mount -- "$exe" "$@" \
-    >"$N/logs/$name.log" 2>&1 </dev/null &
+    >"$N/logs/$name.log" 2>&1 </dev/null 8>&- &
   echo $! >"$N/pids/$name.pid"
   local i  # setsid and nsenter exec NAME in the same process: wait for that before anyone checks it
   for ((i = 0; i < 100; i++)); do pid_of "$name" >/dev/null && return; sleep 0.05; done
@@ -435,12 +441,16 @@ EOF
 main() {
   local t0=$SECONDS
   preflight
+  # From here on a failure takes down what was started (the logs stay in $N/logs).
+  trap 'rc=$?; if ((rc)); then log "failed; cleaning up (logs in $N/logs)"; node_unlock; "$HERE/node-down.sh" || true; fi' EXIT
   rm -rf --one-file-system "$N"
   mkdir -p "$N/logs" "$N/pids"
   packages
   "$HERE/build.sh" node
   images
   certs
+  node_lock  # until the node is up; then check again that no other cluster took the machine's node
+  not_taken
   namespaces
   configs
 

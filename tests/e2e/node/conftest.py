@@ -148,6 +148,12 @@ def node_ready(cluster: Cluster) -> str | None:
     return ready[0] if ready else None
 
 
+def other_node_users(cluster_dir: Path) -> list[str]:
+    """Pids of other live pytest sessions that hold the ``real_node`` fixture of this cluster."""
+    users = cluster_dir / "node-fixture-users"
+    return [u.name for u in _live_users(users) if u.name != str(os.getpid())] if users.is_dir() else []
+
+
 def node_up(cluster_dir: Path) -> None:
     _run_script("node-up.sh", env=_env(cluster_dir))
 
