@@ -214,8 +214,11 @@ def test_two_node_job_trains_reports_progress_and_pushes_the_adapter(
 
 
 def test_deleted_trainer_pod_restarts_the_gang_from_the_newest_checkpoint(ftjob: FineTuneJobs) -> None:
-    """Grace 0: the pod is gone at once, no checkpoint on the way out. backoffLimit 0 fails the attempt's Job,
-    the operator deletes it and starts attempt 2, which resumes from the newest complete checkpoint."""
+    """`kubectl delete pod --grace-period=0 --force`: the pod object is gone at once and backoffLimit 0 fails the
+    attempt's Job; the operator deletes that Job and starts attempt 2, which resumes from the newest complete
+    checkpoint. The kubelet still stops the containers with SIGTERM and its 2-second minimum grace, so the
+    trainer may or may not manage a SIGTERM checkpoint in that time (the tiny model usually does): the resumed
+    step is the newest checkpoint attempt 1 completed, whichever that was."""
     cluster, ns, name, steps, every = ftjob.cluster, ftjob.namespace, "tiny-podkill", 40, 5
     claim = ftjob.claim(f"{name}-ckpt")
     run = ftjob.create(tiny_job(name, placement=cluster.placement, claim=claim, max_steps=steps, save_steps=every))
@@ -228,13 +231,12 @@ def test_deleted_trainer_pod_restarts_the_gang_from_the_newest_checkpoint(ftjob:
     status = run.wait_phase("Succeeded", timeout=1500)
     assert status["attempt"] == 2, f"the lost pod should cost exactly one restart: {status}"
     attempt1, attempt2 = run.logs.of(attempt=1, index=0), run.logs.of(attempt=2, index=0)
-    resumed = ints(RESUMING, attempt2)
-    complete = ints(CHECKPOINT_COMPLETE, attempt1)
-    log(f"attempt 1: checkpoints {complete}, last step logged {max(ints(STEP, attempt1))}; attempt 2 resumed from "
-        f"{resumed}")
+    resumed, complete = ints(RESUMING, attempt2), ints(CHECKPOINT_COMPLETE, attempt1)
+    log(f"attempt 1: checkpoints {complete} (SIGTERM on the way out: {ints(SIGTERM_SAVE, attempt1)}), last step "
+        f"logged {max(ints(STEP, attempt1))}; attempt 2 resumed from {resumed}")
     assert len(resumed) == 1, f"attempt 2 should resume once:\n{attempt2[-3000:]}"
-    assert resumed[0] > 0 and resumed[0] % every == 0 and resumed[0] >= first, (resumed, complete)
-    # The newest complete one: every checkpoint attempt 1 finished before it died, none it had not reached.
+    assert resumed[0] >= first > 0, (resumed, complete)
+    # The newest complete one: the last checkpoint attempt 1 finished before it died, none it had not reached.
     assert resumed[0] == max(complete) and resumed[0] <= max(ints(STEP, attempt1)), (resumed, complete)
     assert ints(STEP, attempt2)[0] == resumed[0] + 1 and ints(STEP, attempt2)[-1] == steps
     assert status["progress"]["step"] == steps
