@@ -14,7 +14,7 @@ kube-proxy, CoreDNS, a default StorageClass); this module gives it to tests:
 * ``RealNode.place(pod_spec)``: a pod spec that selects the node and tolerates its taint.
 * ``RealNode.load(archive)``: import an image archive into the node (``hack/cluster/node-load.sh``);
   the node pulls nothing, so e2e tests load their images first. ``RealNode.busybox_image`` is
-  always there.
+  always there (its OCI archive is ``RealNode.busybox_archive``).
 
 Other test directories use it like ``tests/chart`` uses the control-plane fixtures::
 
@@ -79,6 +79,7 @@ class RealNode:
     taint: tuple[str, str, str]
     storage_class: str
     busybox_image: str
+    busybox_archive: Path | None  # None in a node.env of an older node-up.sh
     pause_image: str
     state_dir: Path
     started_here: bool = False
@@ -99,6 +100,7 @@ class RealNode:
             taint=(taint_key, taint_value, taint_effect),
             storage_class=env["STORAGE_CLASS"],
             busybox_image=env["BUSYBOX_IMAGE"],
+            busybox_archive=Path(env["BUSYBOX_ARCHIVE"]) if "BUSYBOX_ARCHIVE" in env else None,
             pause_image=env["PAUSE_IMAGE"],
             state_dir=state_dir,
             started_here=started_here,

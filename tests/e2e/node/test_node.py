@@ -272,8 +272,11 @@ def test_pod_reaches_the_api_server_through_the_kubernetes_service_with_its_toke
         }
         v=$(status /version); git=$(sed -n 's/.*"gitVersion": *"\([^"]*\)".*/\1/p' /tmp/body)
         p=$(status "/api/v1/namespaces/$POD_NAMESPACE/pods")
-        printf 'service=%s:%s version=%s git=%s pods=%s' "$KUBERNETES_SERVICE_HOST" "$KUBERNETES_SERVICE_PORT" \
-          "$v" "$git" "$p" >/dev/termination-log
+        dns=$(nslookup kubernetes.default.svc.cluster.local 2>/dev/null |
+          awk '/^Name:/ {n=1} n && /^Address/ {print $NF; exit}')
+        printf 'service=%s:%s version=%s git=%s pods=%s dns=%s default-routes=%s' \
+          "$KUBERNETES_SERVICE_HOST" "$KUBERNETES_SERVICE_PORT" "$v" "$git" "$p" "$dns" \
+          "$(ip route | grep -c '^default')" >/dev/termination-log
     """
     apply(
         cluster,
@@ -293,7 +296,10 @@ def test_pod_reaches_the_api_server_through_the_kubernetes_service_with_its_toke
     done = finished_pod(cluster, namespace, "prober")
     version = json.loads(cluster.kubectl("get", "--raw", "/version").stdout)["gitVersion"]
     service = get(cluster, "default", "service", "kubernetes")["spec"]["clusterIP"]
-    assert terminated(done)["message"] == f"service={service}:443 version=200 git={version} pods=403"
+    # ...and the Service's name resolves to it; the pod has no default route (nothing leaves the machine).
+    assert terminated(done)["message"] == (
+        f"service={service}:443 version=200 git={version} pods=403 dns={service} default-routes=0"
+    )
 
 
 def test_claim_of_the_default_storage_class_binds_and_keeps_data_across_pods(
@@ -334,6 +340,35 @@ def test_claim_of_the_default_storage_class_binds_and_keeps_data_across_pods(
     apply(cluster, namespace, with_claim("printf %s \"$(cat /data/step-1)\" >/dev/termination-log"))
     second = finished_pod(cluster, namespace, "user")
     assert (second["status"]["phase"], terminated(second).get("message")) == ("Succeeded", token)
+
+
+def test_image_from_a_docker_archive_is_loaded_and_runs(
+    cluster: Cluster, real_node: RealNode, namespace: str, tmp_path: Path
+) -> None:
+    # A new image handed over the way `make images` does: built with buildah (here on top of the
+    # node's busybox archive), saved as a docker archive, imported with hack/cluster/node-load.sh.
+    assert real_node.busybox_archive, "node.env has no BUSYBOX_ARCHIVE: restart the node (make node-down node-up)"
+    ref = f"localhost/ftjob-test/hello:{uuid.uuid4().hex[:8]}"
+    buildah = ["buildah", "--root", str(tmp_path / "storage"), "--runroot", str(tmp_path / "run"),
+               "--storage-driver", "vfs"]
+
+    def run(*cmd: str) -> str:
+        return subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=300).stdout.strip()
+
+    container = run(*buildah, "from", "--quiet", f"oci-archive:{real_node.busybox_archive}")
+    run(*buildah, "config", "--env", "GREETING=hello from a loaded image", container)
+    run(*buildah, "commit", "--quiet", container, f"docker-archive:{tmp_path / 'hello.tar'}:{ref}")
+    run(*buildah, "rm", container)
+    assert real_node.load(tmp_path / "hello.tar") == [ref]
+    try:
+        apply(cluster, namespace, pod(real_node, "hello", 'printf %s "$GREETING" >/dev/termination-log',
+                                      container={"image": ref}))
+        done = finished_pod(cluster, namespace, "hello")
+        assert (done["status"]["phase"], terminated(done).get("message")) == ("Succeeded", "hello from a loaded image")
+    finally:
+        cluster.kubectl("-n", namespace, "delete", "pod", "hello", "--wait=true", check=False)
+        subprocess.run(["ctr", "--address", str(real_node.containerd_sock), "-n", "k8s.io", "images", "rm", ref],
+                       capture_output=True, check=False)
 
 
 # --- the host is left as found -------------------------------------------------------------------
