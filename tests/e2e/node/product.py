@@ -41,6 +41,8 @@ from typing import Any, TypeVar
 import pytest
 import yaml
 
+from finetune_operator.policy import PodPolicy
+
 REPO = Path(__file__).resolve().parents[3]
 CHART = REPO / "charts" / "finetune-operator"
 HUB_SERVER = REPO / "tests" / "fixtures" / "hub_server.py"
@@ -256,6 +258,9 @@ def release_values(cluster: ProductCluster, jobs_namespace: str) -> dict[str, An
         values["nodeSelector"] = dict(cluster.placement.node_selector)
     if cluster.placement.tolerations:
         values["tolerations"] = [dict(t) for t in cluster.placement.tolerations]
+        # The pod policy lets a job's template tolerate only the taints it names: the defaults plus the node's.
+        keys = [t["key"] for t in cluster.placement.tolerations]
+        values["podPolicy"] = {"allowedTolerations": list(dict.fromkeys([*PodPolicy().allowed_tolerations, *keys]))}
     return values
 
 
@@ -271,16 +276,18 @@ def install_release(cluster: ProductCluster, tmp: Path) -> Release:
         cluster.kubectl("apply", "--server-side", "--force-conflicts", "--field-manager=e2e-tests", "-f", str(crd))
     values_file = tmp / "values.yaml"
     values_file.write_text(yaml.safe_dump(values))
-    log(f"helm install {name} into {namespace} (jobs in {jobs_namespace}) with {values}")
+    log(f"helm install {name} on {cluster.description} into {namespace} (jobs in {jobs_namespace}) with {values}")
     started = time.monotonic()
     try:
         cluster.helm("install", name, str(CHART), "--namespace", namespace, "--values", str(values_file),
                      "--wait", "--timeout", f"{int(300 * TIMEOUT_SCALE)}s", timeout=420 * TIMEOUT_SCALE)
-    except AssertionError as e:
-        raise AssertionError(f"{e}\n{namespace_report(cluster, namespace)}") from e
-    log(f"operator Ready {time.monotonic() - started:.0f}s after helm install")
-    cluster.kubectl("-n", jobs_namespace, "create", "secret", "generic", HF_TOKEN_SECRET,
-                    f"--from-literal=token={HF_TOKEN_VALUE}")
+        log(f"operator Ready {time.monotonic() - started:.0f}s after helm install")
+        cluster.kubectl("-n", jobs_namespace, "create", "secret", "generic", HF_TOKEN_SECRET,
+                        f"--from-literal=token={HF_TOKEN_VALUE}")
+    except (AssertionError, subprocess.TimeoutExpired) as e:
+        report = namespace_report(cluster, namespace)
+        uninstall_release(release)
+        raise AssertionError(f"{e}\n{report}") from e
     return release
 
 
@@ -622,7 +629,7 @@ class JobRun:
             return pattern.search(self.logs.of(attempt=attempt, index=index))
 
         return wait_for(probe, timeout=timeout, what=what or f"{pattern.pattern!r} in attempt {attempt}'s log",
-                        interval=0.5, explain=self.report)
+                        interval=1.0, explain=self.report)
 
     def _fail_if_finished_early(self) -> None:
         phase = (self.status()).get("phase")

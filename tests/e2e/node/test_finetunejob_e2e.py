@@ -22,7 +22,8 @@ KWOK fake on which nothing runs) and this checkout's images (`make images`). The
 
 Jobs are small (tens of steps of a 2-layer model, one process per pod) and run one at a time; the chart is
 installed once per module. Each test has its own deadline (`pytest.mark.timeout`, above CI's per-test default,
-because the first one also pays for the images, the node and the install).
+because the first one also pays for the node, the images and the install: on a cold 2-core machine about
+30 min to build the node's binaries and 10 min to build, export and load the images).
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ from tests.e2e.node.product import (
 
 __all__ = ["fake_hub", "ftjob", "operator_release"]  # fixtures, used by name
 
-pytestmark = [pytest.mark.node, pytest.mark.timeout(3600)]
+pytestmark = [pytest.mark.node, pytest.mark.timeout(5400)]
 
 TRAINER_PODS = 2
 
