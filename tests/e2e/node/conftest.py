@@ -27,6 +27,7 @@ the images loaded into it, so that test is moved to the very end of the session.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 import subprocess
@@ -38,7 +39,7 @@ from typing import Any
 
 import pytest
 
-from tests.controlplane.conftest import HACK, REPO, Cluster, _live_users, _locked, cluster, kubectl, namespace
+from tests.controlplane.conftest import HACK, REPO, Cluster, _live_users, cluster, kubectl, namespace
 
 __all__ = ["HACK", "REPO", "Cluster", "RealNode", "cluster", "kubectl", "namespace", "real_node"]
 
@@ -164,6 +165,16 @@ def node_down(cluster_dir: Path) -> None:
     _run_script("node-down.sh", env=_env(cluster_dir))
 
 
+@contextlib.contextmanager
+def _node_locked(cluster_dir: Path) -> Iterator[None]:
+    """Serialize the fixture's node start/stop between pytest sessions sharing a cluster directory
+    (a lock of its own: a cold start takes minutes, and sessions that need only the cluster should
+    not wait for it)."""
+    with open(cluster_dir / "node-fixture.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def _skip_reason() -> str | None:
     """Why node-up cannot work on this machine at all (as opposed to failing on a real problem)."""
     if os.geteuid() != 0:
@@ -190,7 +201,7 @@ def real_node(cluster: Cluster) -> Iterator[RealNode]:
     users = cluster_dir / "node-fixture-users"
     me = users / str(os.getpid())
     started = False
-    with _locked(cluster_dir):
+    with _node_locked(cluster_dir):
         if not (node_ready(cluster) and (state_dir / "node.env").exists()):
             reason = _skip_reason()
             if reason:
@@ -203,7 +214,7 @@ def real_node(cluster: Cluster) -> Iterator[RealNode]:
     try:
         yield RealNode.from_env(state_dir, started_here=started)
     finally:
-        with _locked(cluster_dir):
+        with _node_locked(cluster_dir):
             me.unlink(missing_ok=True)
             if marker.exists() and not _live_users(users):
                 with contextlib.suppress(RuntimeError):  # reported on stderr; the cluster goes next anyway
