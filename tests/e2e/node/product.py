@@ -479,18 +479,25 @@ def ints(pattern: re.Pattern[str], text: str) -> list[int]:
 
 @dataclass
 class _Follow:
+    """One pod's log streams: each (re)start writes a new file, and the longest one is the log."""
+
     pod: str
     uid: str
-    path: Path
+    paths: list[Path] = field(default_factory=list)
     proc: subprocess.Popen[bytes] | None = None
+
+    def text(self) -> str:
+        texts = [p.read_text(errors="replace") for p in self.paths if p.exists()]
+        return max(texts, key=len, default="")
 
 
 class PodLogs:
     """Every container log of a job's pods, streamed to files from the moment each container starts.
 
     A thread lists the job's pods every second and runs `kubectl logs -f` for each started one; a stream that
-    ends while its pod still runs (a dropped connection) is restarted from the beginning, over the same file.
-    Files are named `<pod>.log`; pod names carry the attempt (`<job>-<attempt>-<index>-<suffix>`).
+    ends while its pod still seemed to run (a dropped connection) is restarted from the beginning into a new
+    file, and the longest file counts (a restart after the pod is gone holds only an error, not a shorter log).
+    Pod names carry the attempt (`<job>-<attempt>-<index>-<suffix>`).
     """
 
     def __init__(self, cluster: ProductCluster, namespace: str, job: str, directory: Path) -> None:
@@ -548,10 +555,12 @@ class PodLogs:
             with self._lock:
                 follow = self._follows.get(uid)
                 if follow is None:
-                    follow = self._follows[uid] = _Follow(name, uid, self.dir / f"{name}.log")
+                    follow = self._follows[uid] = _Follow(name, uid)
                 running = any("running" in s for s in states)
                 if follow.proc is None or (follow.proc.poll() is not None and running):
-                    out = open(follow.path, "wb")  # noqa: SIM115 - handed to the child, closed below
+                    path = self.dir / f"{name}.{len(follow.paths)}.log"
+                    follow.paths.append(path)
+                    out = open(path, "wb")  # noqa: SIM115 - handed to the child, closed below
                     try:
                         follow.proc = subprocess.Popen(
                             [str(self.cluster.kubectl_bin), "--kubeconfig", str(self.cluster.kubeconfig), "-n",
@@ -568,15 +577,12 @@ class PodLogs:
         """Pod name -> its log so far."""
         with self._lock:
             follows = list(self._follows.values())
-        return {f.pod: f.path.read_text(errors="replace") if f.path.exists() else "" for f in follows}
+        return {f.pod: f.text() for f in follows}
 
     def of(self, *, attempt: int, index: int | None = None) -> str:
         """The logs of one attempt's pods (one pod when `index` is given), concatenated."""
         prefix = f"{self.job}-{attempt}-" if index is None else f"{self.job}-{attempt}-{index}-"
         return "\n".join(text for pod, text in sorted(self.by_pod().items()) if pod.startswith(prefix))
-
-    def all(self) -> str:
-        return "\n".join(f"===== {pod} =====\n{text}" for pod, text in sorted(self.by_pod().items()))
 
 
 @dataclass
