@@ -4,7 +4,7 @@ The seed's `deepspeed_config.yaml` with its ZeRO keys moved into deepspeed.json:
 JSON (`deepspeed_config_file`) and keeps only what accelerate allows beside one - `zero3_init_flag` and
 `deepspeed_multinode_launcher: standard`, so every pod runs its own torchrun; precision comes from the
 JSON's "auto" (the Trainer's bf16/fp16). Rendezvous backend and max restarts are NOT here: accelerate
-ignores them in the YAML (shared/research/trainer.md 1.4), so the node command passes them.
+does not take them from its config file, so the node command passes them as flags.
 """
 
 from typing import Any
