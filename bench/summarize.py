@@ -1,6 +1,8 @@
-"""Markdown tables from bench results: throughput + MFU, ours vs seed in the same call, memory vs the planner.
+"""Markdown tables from bench results: throughput + MFU, ours vs seed in the same run, memory vs the planner.
 
-    python3 bench/summarize.py bench/results/call1 [bench/results/call2 ...]
+    python3 bench/summarize.py bench/results/run1 [bench/results/run2 ...]
+
+Each argument is one run's result directory; its name (run1, run2, ...) labels that run's rows.
 
 Figures (bench/README.md gives the formulas): tokens/s/GPU = tokens per GPU per optimizer step / mean step time of
 the last `measure` steps (slowest rank); MFU = F_model x tokens/s/GPU / 989e12 with F_model from the seed script's
@@ -27,7 +29,7 @@ PEAK = 989e12
 
 def load(d: Path) -> tuple[list[dict], dict[str, dict], float | None]:
     rows = [json.loads(x) for x in (d / "results.jsonl").read_text().splitlines() if x.strip()]
-    if (d / "results_from_logs.jsonl").exists():  # ours runs timed from the progress log (call 2)
+    if (d / "results_from_logs.jsonl").exists():  # ours runs timed from the progress log (run 2)
         logged = [json.loads(x) for x in (d / "results_from_logs.jsonl").read_text().splitlines() if x.strip()]
         names = {r["name"] for r in logged}
         rows = [r for r in rows if r["name"] not in names] + logged
@@ -52,8 +54,8 @@ def peak_device(r: dict) -> float | None:
     return r["max_mem_reserved_gib"] + (used - resv_end)
 
 
-def throughput_table(call: str, rows: list[dict], mm: float | None) -> list[str]:
-    out = [f"\n### {call}: throughput (8192 tokens per GPU per step, seq 2048, LoRA r=8 all-linear)\n",
+def throughput_table(label: str, rows: list[dict], mm: float | None) -> list[str]:
+    out = [f"\n### {label}: throughput (8192 tokens per GPU per step, seq 2048, LoRA r=8 all-linear)\n",
            "| run | impl | backend | GPUs | levers | ckpt | s/step (min-max) | tokens/s/GPU | MFU (989) | "
            f"MFU (meas. {mm or 0:.0f}) | HFU (989) | peak alloc GiB | peak device GiB |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -79,22 +81,22 @@ def throughput_table(call: str, rows: list[dict], mm: float | None) -> list[str]
     return out
 
 
-def ratio_lines(call: str, rows: list[dict], prefix: str) -> list[str]:
+def ratio_lines(label: str, rows: list[dict], prefix: str) -> list[str]:
     seeds = [r["tokens_per_s_per_gpu"] for r in rows if r.get("ok") and r.get("impl") != "ours"
              and r["name"].startswith("A_zero3")]
     ours = [r["tokens_per_s_per_gpu"] for r in rows if r.get("ok") and r["name"].startswith(prefix)]
     if not seeds or not ours:
         return []
     sm, om = statistics.median(seeds), statistics.median(ours)
-    return [f"\n{call}: seed recipe (A, ZeRO-3) runs {', '.join(f'{x:,.0f}' for x in seeds)} tokens/s/GPU "
+    return [f"\n{label}: seed recipe (A, ZeRO-3) runs {', '.join(f'{x:,.0f}' for x in seeds)} tokens/s/GPU "
             f"(median {sm:,.0f}); ours ({prefix}*) {', '.join(f'{x:,.0f}' for x in ours)} (median {om:,.0f}); "
             f"ratio of medians {om / sm:.2f}x, worst pair {min(ours) / max(seeds):.2f}x, "
             f"best pair {max(ours) / min(seeds):.2f}x."]
 
 
-# GPUs shared with the correctness suite (call 3): the device's used memory includes other processes, so the peak is
-# max_memory_reserved + the non-PyTorch memory of an exclusive 2-GPU run (call 1: 70.12 - 68.56 GiB).
-SHARED_CALLS = {"call3"}
+# GPUs shared with the correctness suite (run 3): the device's used memory includes other processes, so the peak is
+# max_memory_reserved + the non-PyTorch memory of an exclusive 2-GPU run (run 1: 70.12 - 68.56 GiB).
+SHARED_RUNS = {"run3"}
 NON_TORCH_GIB = 1.56
 
 
@@ -119,14 +121,14 @@ def current_estimates() -> dict[str, float]:
 def memory_table(all_rows: list[tuple[str, dict, dict]]) -> list[str]:
     now = current_estimates()
     out = ["\n### Planner estimate vs measured peak (our trainer)\n",
-           "| call/run | strategy | GPUs | ckpt | levers | measured peak device GiB | max allocated GiB | "
+           "| run/job | strategy | GPUs | ckpt | levers | measured peak device GiB | max allocated GiB | "
            "plan at run time GiB | vs device | plan now GiB | vs device |",
            "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for call, r, run in all_rows:
+    for label, r, run in all_rows:
         plan = run.get("plan", {})
         if not r.get("ok") or not plan or r.get("timing"):
             continue
-        if call in SHARED_CALLS:
+        if label in SHARED_RUNS:
             dev = max(x["max_mem_reserved_gib"] for x in r["ranks"]) + NON_TORCH_GIB
         else:
             dev = max(v for v in (peak_device(x) for x in r["ranks"]) if v is not None)
@@ -134,9 +136,9 @@ def memory_table(all_rows: list[tuple[str, dict, dict]]) -> list[str]:
         est = plan["estimate_gib"]
         cur = now.get(r["name"])
         cur_s = f"{cur:.1f} | {(cur - dev) / dev * 100:+.0f}%" if cur is not None else "- | -"
-        out.append(f"| {call}/{r['name']} | ZeRO-{plan['zero_stage']}/{plan['offload']} | {r['world']} | "
+        out.append(f"| {label}/{r['name']} | ZeRO-{plan['zero_stage']}/{plan['offload']} | {r['world']} | "
                    f"{'on' if r.get('gradient_checkpointing') else 'off'} | {','.join(r.get('levers_applied', []))} | "
-                   f"{dev:.1f}{'*' if call in SHARED_CALLS else ''} | {alloc:.1f} | {est:.1f} | "
+                   f"{dev:.1f}{'*' if label in SHARED_RUNS else ''} | {alloc:.1f} | {est:.1f} | "
                    f"{(est - dev) / dev * 100:+.0f}% | {cur_s} |")
     return out
 
