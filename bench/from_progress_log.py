@@ -1,4 +1,4 @@
-"""Step times of `ours` runs whose timer did not attach (call 2), from the trainer's own progress log.
+"""Step times of `ours` jobs whose timer did not attach (bench run 2), from the trainer's own progress log.
 
 finetune_trainer.progress logs `step N/M` on rank 0 at every logged step (loggingSteps 1 in the bench jobs), with
 millisecond timestamps, after TRL's per-step `.item()` metrics have synchronised with the GPU. The mean of the last 8

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One device call: install the carried wheels, build the local models/data, then run bench plans within a budget.
+# One measurement run on the GPU host: install the prebuilt wheels (.whl/, from prepare_wheels.sh), build the local
+# models/data, then run bench plans within a budget.
 #   bash bench/gpu_call.sh BUDGET_SECONDS "PLAN_ARGS" [MODELS]      e.g.  bash bench/gpu_call.sh 560 "--plan perf" 8b
 # MODELS: comma list of 8b, small70b (a 70B-shaped model with few layers), 70b-fp8 (the 70B shape stored in fp8, with
 # a 32k-vocabulary dataset), none - built on the last GPU in the background
@@ -12,7 +13,7 @@ OUT=${OUT:-/tmp/bench_out}; AUX=/tmp/bench/aux; mkdir -p "$OUT" $AUX
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   > "$AUX/pip.log" 2>&1 || { tail -20 "$AUX/pip.log"; exit 1; }
 export PYTHONPATH=/tmp/site
-# the same set without transformers: the machine's own 5.17 under our other pins (plan "release")
+# the same set without transformers: the host's preinstalled 5.17 under our other pins (plan "release")
 mkdir -p /tmp/site517 && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site517 $(ls .whl/*.whl | grep -v '/transformers-') > "$AUX/pip517.log" 2>&1
 NG=$(nvidia-smi -L | grep -c '^GPU ')
@@ -29,7 +30,7 @@ LAST=$((NG - 1))
   python3 bench/make_models.py data --out /tmp/bench/data/rand2048 --rows 160 --row-len 2048 --vocab 128256
 ) > "$AUX/make_models.log" 2>&1 &
 MK=$!
-# optional checks beside the model build (session 3): CORRECTNESS=c_qlora_zero3,... (bench/correctness.py --only),
+# optional checks beside the model build: CORRECTNESS=c_qlora_zero3,... (bench/correctness.py --only),
 # GPU_TESTS=tests/gpu/x.py (pytest, both GPUs); results land in $OUT
 BG=()
 if [ -n "${CORRECTNESS:-}" ]; then
@@ -54,7 +55,7 @@ for p in "${BG[@]}"; do wait "$p"; done
 ELAPSED=$(( $(date +%s) - T0 ))
 echo "setup took ${ELAPSED}s"
 python3 bench/run_bench.py $PLAN_ARGS --out "$OUT" --budget $(( BUDGET - ELAPSED ))
-# at most 8 files come back: every log in one archive (no checkpoints or weights)
+# every log in one archive, so a run's results stay a handful of files (no checkpoints or weights)
 nvidia-smi > $AUX/nvidia-smi-end.txt 2>&1
 tar czf "$OUT/logs.tgz" --exclude='checkpoints' --exclude='*.safetensors' --exclude='*.bin' -C /tmp/bench aux work 2>/dev/null
 ls -la "$OUT"

@@ -8,8 +8,8 @@ data:  train.jsonl rows {"content": "w17 w90211 ..."} of exactly --row-len token
        trainer see the same token ids.
 
        --fp8-storage: every 2-D weight is written as float8_e4m3fn (norms stay bf16), so a 70B-shaped checkpoint is
-       69 GB on disk instead of 138 (the GPU machine has 128 GiB of disk); `from_pretrained(dtype=bfloat16)` casts it
-       back on load, and QLoRA quantizes the cast values. Tensors are drawn one at a time on --device, never the
+       69 GB on disk instead of 138 (the 2x H200 host had 128 GiB of free disk); `from_pretrained(dtype=bfloat16)`
+       casts it back on load, and QLoRA quantizes the cast values. Tensors are drawn one at a time on --device, never the
        whole model: written shard by shard (5 GB), with a safetensors index.
 
 usage: make_models.py model --out DIR [--layers ... shape] [--device cuda:0] [--fp8-storage]

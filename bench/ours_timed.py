@@ -11,8 +11,9 @@ Run in place of `-m finetune_trainer` in the rendered node command. It changes n
    not (for measuring levers one at a time); FTJOB_BENCH_NOTE is copied into the result.
  * FTJOB_BENCH_FP8_CAST=1: checkpoints stored in fp8 (make_models.py --fp8-storage, for the 70B shape) are cast to
    the load dtype on the GPU instead of by PyTorch's scalar CPU cast (17x slower loads than the 8B bf16 checkpoint:
-   call 6). FTJOB_BENCH_RANDOM_INIT=1: a non-quantized model is built from its config under zero.Init with random
-   weights instead of loaded (the issue's "built under ZeRO-3 init"). Neither changes what is trained.
+   bench run 6). FTJOB_BENCH_RANDOM_INIT=1: a non-quantized model is built from its config under zero.Init with random
+   weights instead of loaded (as the seed recipe's 70B job is "built under ZeRO-3 init"). Neither changes what is
+   trained.
 Rank 0 appends one JSON line to $FTJOB_BENCH_RESULTS in the seed script's result schema (plus our fields).
 """
 

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Build the wheel set the GPU machine needs (it has torch 2.11, transformers 5.17, accelerate 1.15, peft 0.21.0,
-# pyarrow, xxhash, ninja, py-cpuinfo, msgpack, but not trl, datasets, deepspeed, bitsandbytes, liger-kernel,
-# pydantic 2.13+). Run here (needs PyPI), in the repo root; writes .whl/ (ignored through .git/info/exclude).
-# transformers/peft are carried too, at the versions pyproject.toml pins, so the GPU runs use the stack the CPU
-# tests use (transformers 5.17 has no `activation_checkpointing` TrainingArguments field).
+# Build the wheel set the GPU host needs (it has no network; preinstalled: torch 2.11, transformers 5.17,
+# accelerate 1.15, peft 0.21.0, pyarrow, xxhash, ninja, py-cpuinfo, msgpack, but not trl, datasets, deepspeed,
+# bitsandbytes, liger-kernel, pydantic 2.13+). Run on a machine with PyPI access, in the repo root; writes .whl/
+# (ignored through .git/info/exclude). transformers/peft are included too, at the versions pyproject.toml pins, so
+# the GPU runs use the stack the CPU tests use (transformers 5.17 has no `activation_checkpointing` TrainingArguments
+# field).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo /.whl/ >> .git/info/exclude
@@ -20,8 +21,8 @@ done
 # the optimizer is torch's AdamW, CPU offload included, see bench/README.md).
 ls .whl/deepspeed-0.19.8-*.whl >/dev/null 2>&1 || \
   DS_BUILD_OPS=0 DS_ACCELERATOR=cuda python3 -m pip wheel -q deepspeed==0.19.8 --no-deps --no-build-isolation -w .whl
-# bitsandbytes ships one native library per CUDA/ROCm version (43 MB); the GPU machine's torch is cu130, so keep
-# the CUDA 13 and CPU libraries only (the working tree that travels is capped at 64 MiB).
+# bitsandbytes ships one native library per CUDA/ROCm version (43 MB); the GPU host's torch is cu130, so keep
+# the CUDA 13 and CPU libraries only (.whl/ is copied to the host with the working tree: keep it small).
 python3 bench/slim_wheel.py .whl/bitsandbytes-0.50.2-*.whl --keep 'libbitsandbytes_cuda13' --keep 'libbitsandbytes_cpu' \
   --drop 'libbitsandbytes_'
 du -sh .whl

@@ -1,10 +1,10 @@
-"""Throughput and memory benchmark: the seed recipe and our trainer, side by side, interleaved, in one GPU call.
+"""Throughput and memory benchmark: the seed recipe and our trainer, side by side, interleaved, in one GPU run.
 
     python3 bench/run_bench.py --plan perf --out $OUT --budget 560
 
 Each job is one of
   seed   bench/seed/seed_baseline.py under `accelerate launch --config_file bench/seed/configs/<cfg>.yaml`, exactly as
-         shared/bench/run_seed_baseline.sh runs it;
+         bench/seed/run_seed_baseline.sh runs it;
   ours   a FineTuneJob rendered by finetune_operator.render.render_all (zeroStage auto unless set), its node commands
          run as local "nodes", the trainer entry replaced by bench/ours_timed.py (same trainer, plus the timer);
   par    several single-GPU jobs at once on disjoint GPUs (lever comparisons);
@@ -65,7 +65,7 @@ def ours_spec(name: str, *, gpus: int = 2, nodes: int = 1, gc: bool = False, zer
 SHAPE_70B = {"numParameters": 68976648192, "hiddenSize": 8192, "numLayers": 80, "intermediateSize": 28672,
              "vocabSize": 32000, "numAttentionHeads": 64, "numKeyValueHeads": 8}
 QLORA = {"quantType": "nf4", "doubleQuant": True, "computeDtype": "bfloat16", "storageDtype": "bfloat16"}
-# the machine's own transformers (5.17) under everything else we carry: /tmp/site517 is /tmp/site without it
+# the GPU host's preinstalled transformers (5.17) under every other wheel we install: /tmp/site517 = /tmp/site minus it
 STACK_517 = {"PYTHONPATH": "/tmp/site517"}
 
 
@@ -139,7 +139,7 @@ def plan_cpu_smoke() -> list[dict]:
 
 
 def plan_final() -> list[dict]:
-    """Call 2: the headline comparison (seed, ours, seed, ours), then peak memory of our trainer per strategy on
+    """Run 2: the headline comparison (seed, ours, seed, ours), then peak memory of our trainer per strategy on
     the 8B shape while the tiny-model correctness suite (bench/correctness.py) runs beside it."""
     final = "varlen,compile,fused_adamw"
     note = "DDP (planner: auto), no checkpointing, " + final
@@ -157,7 +157,7 @@ def plan_final() -> list[dict]:
 
 
 def plan_last() -> list[dict]:
-    """Call 3: what call 2 could not finish (its memory runs lost their timer: the trainer now imports
+    """Run 3: what run 2 could not finish (its memory runs lost their timer: the trainer now imports
     trl.trainer.sft_trainer.SFTTrainer): ZeRO-3 and QLoRA memory on the 8B shape beside the QLoRA and
     kill-and-resume correctness runs."""
     mem = {j["name"]: j for j in plan_memory()}
@@ -172,7 +172,7 @@ def plan_last() -> list[dict]:
 
 
 def plan_integrated() -> list[dict]:
-    """Call 4: the trainer choosing its own levers (speed.resolve_levers inside the trainer, no FTJOB_SPEED),
+    """Run 4: the trainer choosing its own levers (speed.resolve_levers inside the trainer, no FTJOB_SPEED),
     once, beside one seed run: checks that the integrated path is the measured one."""
     return [
         ours_job("ours_auto", "auto", note="DDP (planner: auto), no checkpointing, levers chosen by the trainer"),
@@ -181,11 +181,11 @@ def plan_integrated() -> list[dict]:
 
 
 def plan_release() -> list[dict]:
-    """Call 5: why the recipe's 70B ZeRO-3 job gathers the whole model (BASELINE.md, runs 4-7). The seed script on a
-    70B-wide model of 8 and of 16 layers (batch 1), under the machine's transformers 5.17 and our pinned 5.24,
-    interleaved: if gathered parameters are never released, the peak grows by a whole bf16 layer (1.7 GB) per
-    layer, else by its shard only. Beside it, the tiny-model correctness runs still missing (CPU offload; resume
-    of ZeRO-2, ZeRO-3 + offload, QLoRA)."""
+    """Run 5: why the recipe's 70B ZeRO-3 job gathers the whole model (bench/seed/BASELINE.md, runs 4-7). The seed
+    script on a 70B-wide model of 8 and of 16 layers (batch 1), under the GPU host's preinstalled transformers 5.17 and
+    our pinned 5.24, interleaved: if gathered parameters are never released, the peak grows by a whole bf16 layer
+    (1.7 GB) per layer, else by its shard only. Beside it, the tiny-model correctness runs still missing (CPU offload;
+    resume of ZeRO-2, ZeRO-3 + offload, QLoRA)."""
     w70 = ["--hidden", "8192", "--intermediate", "28672", "--heads", "64", "--kv-heads", "8", "--vocab", "32000",
            "--bsz", "1", "--steps", "4", "--measure", "3"]
     missing = "c_zero3_offload,c_zero3_offload_resume,c_zero2_resume,c_qlora_zero3_resume"
@@ -200,15 +200,15 @@ def plan_release() -> list[dict]:
 
 
 def plan_q70() -> list[dict]:
-    """Call 8: call 7's QLoRA run again (its fp8 cast shim indexed a lazy safetensors slice; fixed)."""
+    """Run 8: run 7's QLoRA job again (its fp8 cast shim indexed a lazy safetensors slice; fixed)."""
     return plan_big70()[:1]
 
 
 def plan_big70() -> list[dict]:
-    """Call 6: the 70B shape (fp8-stored random checkpoint, cast to bf16 on load) with our trainer on 2 GPUs:
+    """Run 6: the 70B shape (fp8-stored random checkpoint, cast to bf16 on load) with our trainer on 2 GPUs:
     QLoRA + ZeRO-3 at the seed's batch (2 x 2048), then LoRA + ZeRO-3 at the seed's batch (8 x 2048) with the
-    checkpointed activations offloaded to host memory. Call 6 ran this with plain loading: both timed out loading
-    (fp8 -> bf16 cast on the CPU); call 7 adds the bench shims of ours_timed.py."""
+    checkpointed activations offloaded to host memory. Run 6 ran this with plain loading: both timed out loading
+    (fp8 -> bf16 cast on the CPU); run 7 adds the bench shims of ours_timed.py."""
     data = {"dataset": {"name": str(DATA / "rand2048_v32k")}}
     return [
         ours_job("q70_zero3_b2", "auto", zero=3, gc=True, steps=3, model="llama2-70b-fp8", shape=SHAPE_70B,
@@ -224,11 +224,11 @@ def plan_big70() -> list[dict]:
 
 def q70_job(name: str, *, load: str = "partitioned", segments: bool = True, offload_activations: bool = False,
             overrides: dict | None = None, steps: int = 3, note: str = "") -> dict:
-    """Session 3: the 70B QLoRA job of call 8 (nf4 + double quant, bf16 storage, ZeRO-3, checkpointing, 2 x 2048 per
-    GPU) with the memory levers one at a time: `load` "partitioned" (the trainer's default since session 3: each 4-bit
+    """Runs 10-12: the 70B QLoRA job of run 8 (nf4 + double quant, bf16 storage, ZeRO-3, checkpointing, 2 x 2048 per
+    GPU) with the memory levers one at a time: `load` "partitioned" (the trainer's default since 2026-11-30: each 4-bit
     weight partitioned as it is quantized) or "whole" (FTJOB_ZERO3_4BIT_LOAD=whole: transformers' own load, as in
-    call 8); `segments` expandable allocator segments (the trainer's default since session 3) or
-    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False (as in call 8); `offload_activations` the spec's
+    run 8); `segments` expandable allocator segments (the trainer's default since 2026-11-30) or
+    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False (as in run 8); `offload_activations` the spec's
     training.offloadActivations (checkpointed hidden states in host memory)."""
     env = {"FTJOB_BENCH_FP8_CAST": "1"}
     if load == "whole":
@@ -250,7 +250,7 @@ def q70_job(name: str, *, load: str = "partitioned", segments: bool = True, offl
 
 
 def plan_q70mem() -> list[dict]:
-    """Session 3 (calls 10-11): the 70B QLoRA memory levers, the likely winner first; run_bench's --only picks."""
+    """Runs 10-11: the 70B QLoRA memory levers, the likely winner first; run_bench's --only picks."""
     return [
         q70_job("q70_part_seg_actoff", offload_activations=True),
         q70_job("q70_part_seg"),
@@ -258,7 +258,7 @@ def plan_q70mem() -> list[dict]:
         q70_job("q70_seg", load="whole"),
         q70_job("q70_base", load="whole", segments=False),
         q70_job("q70_part_seg_actoff_rep2", offload_activations=True),
-        # call 12: DeepSpeed's ZeRO-3 gradient bucket is reduce_bucket_size (default 5e8) elements, allocated at
+        # run 12: DeepSpeed's ZeRO-3 gradient bucket is reduce_bucket_size (default 5e8) elements, allocated at
         # deepspeed.initialize: 0.93 GiB of bf16 for 0.10B trainable parameters. 67108864 = hidden^2, what
         # transformers' "auto" gives for this model; set through the spec's deepspeed.overrides.
         q70_job("q70_part_seg_actoff_rb", offload_activations=True, overrides=RB, steps=5),
