@@ -67,7 +67,7 @@ def pct(values: list[float], q: float) -> float:
 
 
 def nodes_for(jobs: int, gpus_per_pod: int) -> int:
-    """Fewest 8-GPU nodes that hold every pod of `jobs` two-node jobs (the issue: 250 for 1,000 x 2 x 1 GPU)."""
+    """Fewest 8-GPU nodes that hold every pod of `jobs` two-node jobs (the target shape: 250 for 1,000 x 2 x 1 GPU)."""
     return max(4, -(-2 * jobs * gpus_per_pod // GPUS_PER_NODE))
 
 
@@ -253,7 +253,7 @@ class Bench:
     def watch_pods(self, ns: str, seen: dict[str, float], stop: threading.Event) -> threading.Thread:
         """Record the first time each pod is seen (monotonic), keyed by pod name.
 
-        Each stream resumes at the last resourceVersion and events stay plain JSON: until session 3 every 5 s
+        Each stream resumes at the last resourceVersion and events stay plain JSON: until cb79b75 every 5 s
         stream started with a fresh list of all the namespace's pods, decoded into client models, a cost that
         grew with the run's length and so weighed more on the slower (operator) run.
         """
