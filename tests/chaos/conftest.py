@@ -1,7 +1,7 @@
 """Chaos tests: the real control plane (tests/controlplane fixtures) plus faults.
 
 CI sizes are small (the whole directory runs in well under 3 minutes on 2 cores); FTJOB_CHAOS_FULL=1
-switches to the issue's full sizes (100 jobs under SIGKILLs, 2000 generated specs).
+switches to the full sizes (100 jobs under SIGKILLs, 2000 generated specs).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from packaging.version import Version
 
 # transformers < 5.24 checkpointed a decoder layer's `__call__`, so DeepSpeed ZeRO-3's module hooks ran again in
 # the backward recompute and no gathered layer was ever released: each GPU ends up holding the whole model
-# (bench/README.md, call 5: peak +1.6 GiB per 70B-wide layer on 5.17, +0.8 GiB = its shard on 5.24; the seed
+# (bench/README.md, run 5: peak +1.6 GiB per 70B-wide layer on 5.17, +0.8 GiB = its shard on 5.24; the seed
 # recipe's 70B job runs out of memory on 4 x H200 that way).
 ZERO3_RELEASES_GATHERED_LAYERS = (5, 24)
 

@@ -3,7 +3,7 @@
 transformers never builds a quantized model under `deepspeed.zero.Init` (bitsandbytes quantizes real tensors): every
 rank quantizes the whole model onto its own GPU, after first reserving one block the size of the whole quantized
 model to warm the allocator up, and DeepSpeed partitions it only inside `deepspeed.initialize`. For a 70B model that
-is the whole 4-bit model (34 GiB) on every GPU while loading, more than the training step itself needs (bench call 8).
+is the whole 4-bit model (34 GiB) on every GPU while loading, more than the training step itself needs (bench run 8).
 
 While `from_pretrained` runs under `partition_4bit_weights_while_loading()`:
 
