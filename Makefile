@@ -43,10 +43,7 @@ venv: ## create/refresh the virtualenv (outside the repo, cached)
 run: ## train the tiny example on this machine: ftjob run examples/tiny-cpu.yaml
 	$(VENV)/bin/ftjob run --fresh examples/tiny-cpu.yaml
 
-test: cluster-build ## everything CI runs: lint, unit, trainer (CPU) and control-plane tests
-	$(VENV)/bin/ruff check api operator trainer tests
-	$(VENV)/bin/lint-imports
-	$(VENV)/bin/mypy api operator trainer
+test: cluster-build lint ## everything CI runs: lint, unit, trainer (CPU), control-plane, real-node and image tests
 	PATH="$(VENV)/bin:$$PATH" $(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
 test-unit: ## fast tests only (no cluster, no training)
