@@ -76,13 +76,13 @@ def structural_schema(model: type[FineTuneJobSpec] | type[FineTuneJobStatus]) ->
     return schema
 
 
-PRINTER_COLUMNS = [
+PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
     {
         "name": "Progress",
         "type": "string",
-        "jsonPath": ".status.progress.percent",
-        "description": "Percent done",
+        "jsonPath": ".status.progress.summary",
+        "description": "Percent and optimizer steps done, e.g. 70% (7/10)",
     },
     {"name": "Loss", "type": "number", "jsonPath": ".status.progress.loss"},
     {"name": "Nodes", "type": "integer", "jsonPath": ".spec.distributed.nodes"},

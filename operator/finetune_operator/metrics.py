@@ -1,10 +1,34 @@
 """Prometheus metrics of the operator, served on `/metrics` (names follow Kubeflow's training operator).
 
-Holds the metric objects only; handlers and the progress endpoint increment them. Labels are
-bounded (namespace, reason, result), never a job name, so cardinality stays flat at scale.
+Holds the metric objects; handlers and the progress endpoint update them. The operator-wide series are
+labelled only by bounded sets (namespace, reason, result), so their cardinality stays flat at scale.
+
+The per-job gauges (`finetune_job_*`) are the exception: they carry the job's namespace and name, so
+each job a replica has accepted a report for adds six series there. They are set from accepted progress
+reports only (`record_progress`) and removed (`forget_job`) when the job is deleted or finishes
+(Succeeded or Failed) or is suspended, so they describe the jobs that are training now, like a
+kube-state-metrics series lives as long as its object. A finished job's curves stay in Prometheus'
+history; its last tokens-per-second does not go on counting in `sum(finetune_job_tokens_per_second)`.
+Kubeflow's training operator exports no per-job gauge at all; per-job series that outlive a job are
+what its users would not expect. Where the end of a job is not seen (a replica on standby under kopf
+peering serves reports but has no watch; a missed DELETED event), a job's series that no report has
+refreshed for `JOB_SERIES_TTL_SECONDS` are dropped before each scrape. So per replica the series are
+bounded by 6 x (jobs training now + jobs that ended within the last `JOB_SERIES_TTL_SECONDS` unseen by
+this replica): by the live jobs, not by how many jobs ever ran.
+
+Behind a Service, a trainer's reports land on any replica, so each replica exports the jobs it heard
+from; the dashboard (charts/finetune-operator/dashboards) aggregates `max by (namespace, job)`.
 """
 
+import contextlib
+import math
+import threading
+import time
+from collections.abc import Callable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from finetune_api.v1alpha1.status import TERMINAL_PHASES
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -51,3 +75,102 @@ PROGRESS_CONNECTIONS_REFUSED = Counter(
     "Connections closed at once because the endpoint (or that client address) had too many open.",
     registry=REGISTRY,
 )
+
+NOT_TRAINING_PHASES: frozenset[str] = TERMINAL_PHASES | {"Suspended"}
+"""Phases in which a job's per-job series are removed: it trains no more (or not until resumed)."""
+JOB_LABELS = ["namespace", "job"]
+JOB_LOSS = Gauge("finetune_job_loss", "Latest training loss a job reported.", JOB_LABELS, registry=REGISTRY)
+JOB_EVAL_LOSS = Gauge("finetune_job_eval_loss", "Latest eval loss a job reported.", JOB_LABELS, registry=REGISTRY)
+JOB_TOKENS_PER_SECOND = Gauge(
+    "finetune_job_tokens_per_second", "Training tokens per second of a job (all its GPUs).", JOB_LABELS,
+    registry=REGISTRY,
+)
+JOB_PROGRESS_RATIO = Gauge(
+    "finetune_job_progress_ratio", "Fraction of a job's planned optimizer steps done (0 to 1).", JOB_LABELS,
+    registry=REGISTRY,
+)
+JOB_ETA_SECONDS = Gauge(
+    "finetune_job_eta_seconds", "Seconds a job estimates it has left.", JOB_LABELS, registry=REGISTRY
+)
+JOB_ATTEMPT = Gauge(
+    "finetune_job_attempt", "Attempt of a job that sent its latest accepted report (1-based).", JOB_LABELS,
+    registry=REGISTRY,
+)
+JOB_GAUGES: tuple[Gauge, ...] = (
+    JOB_LOSS, JOB_EVAL_LOSS, JOB_TOKENS_PER_SECOND, JOB_PROGRESS_RATIO, JOB_ETA_SECONDS, JOB_ATTEMPT
+)
+JOB_SERIES_TTL_SECONDS = 3600.0
+"""A job's series that no accepted report refreshed for this long are dropped (see the module docstring). An
+hour: far longer than any gap between a trainer's reports (every logging step, at most every few seconds)
+short of an evaluation or checkpoint upload that long, after which the next report brings them back."""
+
+
+class JobSeries:
+    """Which jobs have per-job series, and when a report last refreshed each: what `forget` and `expire` use.
+
+    The gauges are written from the progress endpoint and removed from the watch handlers, both on the
+    event loop; a lock keeps a scrape's expiry (aiohttp handler, same loop) and any other thread safe anyway.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self._refreshed: dict[tuple[str, str], float] = {}
+        self._lock = threading.Lock()
+
+    def record(
+        self,
+        namespace: str,
+        job: str,
+        *,
+        attempt: int,
+        loss: float | None = None,
+        eval_loss: float | None = None,
+        tokens_per_second: float | None = None,
+        progress_ratio: float | None = None,
+        eta_seconds: float | None = None,
+    ) -> None:
+        """Set the job's gauges from one accepted report. A value the report leaves out keeps the previous one
+        (the status patch merges the same way), except the attempt, which every report carries."""
+        values = {
+            JOB_LOSS: loss, JOB_EVAL_LOSS: eval_loss, JOB_TOKENS_PER_SECOND: tokens_per_second,
+            JOB_PROGRESS_RATIO: progress_ratio, JOB_ETA_SECONDS: eta_seconds, JOB_ATTEMPT: float(attempt),
+        }
+        with self._lock:
+            for gauge, value in values.items():
+                if value is not None and math.isfinite(value):
+                    gauge.labels(namespace, job).set(value)
+            self._refreshed[(namespace, job)] = self.clock()
+
+    def forget(self, namespace: str, job: str) -> None:
+        """Remove every series of the job (deleted, finished, suspended); nothing when it has none."""
+        with self._lock:
+            self._remove(namespace, job)
+
+    def job_event(self, namespace: str, job: str, *, deleted: bool, phase: object) -> None:
+        """A watch event of the job: its series go when it is deleted or in a phase of `NOT_TRAINING_PHASES`."""
+        if deleted or phase in NOT_TRAINING_PHASES:
+            self.forget(namespace, job)
+
+    def expire(self) -> int:
+        """Drop the series of jobs no report refreshed for `JOB_SERIES_TTL_SECONDS`; how many jobs went."""
+        with self._lock:
+            cutoff = self.clock() - JOB_SERIES_TTL_SECONDS
+            stale = [key for key, when in self._refreshed.items() if when < cutoff]
+            for namespace, job in stale:
+                self._remove(namespace, job)
+            return len(stale)
+
+    def jobs(self) -> list[tuple[str, str]]:
+        """The (namespace, job) pairs that have series now."""
+        with self._lock:
+            return sorted(self._refreshed)
+
+    def _remove(self, namespace: str, job: str) -> None:
+        self._refreshed.pop((namespace, job), None)
+        for gauge in JOB_GAUGES:
+            with contextlib.suppress(KeyError):  # never set for the job (no eval loss yet): older clients raise
+                gauge.remove(namespace, job)
+
+
+JOB_SERIES = JobSeries()
+"""The one table of per-job series of this process."""

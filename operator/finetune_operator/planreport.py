@@ -1,7 +1,15 @@
-"""Human-readable text of a Plan, for `ftjob plan`. Pure."""
+"""Human-readable text of a Plan: `ftjob plan`'s report, and the memory quantity that status shows. Pure."""
 
 from finetune_api.v1alpha1.resource import FineTuneJob
 from finetune_operator.plan import FIT_MARGIN, GIB, Plan
+
+
+def memory_quantity(gib: float) -> str:
+    """GiB as a Kubernetes quantity with its unit in the value, as `kubectl describe` shows it well:
+    `70.7Gi` (one decimal), or `512Mi` below 1 GiB (so a small CPU job does not read `0.0Gi`)."""
+    if gib >= 1:
+        return f"{gib:.1f}Gi"
+    return f"{max(0.0, gib) * 1024:.0f}Mi"
 
 
 def format_plan(job: FineTuneJob, plan: Plan) -> str:

@@ -19,6 +19,7 @@ from finetune_api.v1alpha1.errors import InvalidSpecError
 from finetune_api.v1alpha1.resource import FineTuneJob
 from finetune_api.v1alpha1.status import TERMINAL_PHASES, Condition, FineTuneJobStatus, Phase, PlanSummary
 from finetune_operator.health import PodProblem, PodsHealth, pods_health
+from finetune_operator.planreport import memory_quantity
 from finetune_operator.render import Rendered, render_or_errors
 from finetune_operator.render.workload import TERMINATION_GRACE_SECONDS
 
@@ -277,7 +278,7 @@ def _plan_or_errors(job: FineTuneJob, rendered: Rendered | InvalidSpecError | No
         {
             "zeroStage": plan.strategy.zero_stage,
             "offload": plan.strategy.offload,
-            "estimatedGpuMemoryGiB": round(plan.estimate.peak_gib, 2),
+            "estimatedGPUMemory": memory_quantity(plan.estimate.peak_gib),
             "reason": plan.reason[:1024],
         }
     )

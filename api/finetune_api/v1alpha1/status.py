@@ -8,6 +8,7 @@ or BEL that `kubectl describe` would print raw). Which Hub host and repo an outp
 the job's spec, so that check is the progress endpoint's, not the model's.
 """
 
+import math
 from datetime import datetime
 from typing import Annotated, Any, Literal, Self
 
@@ -49,6 +50,12 @@ URL_PATTERN = r"^https?://[A-Za-z0-9._~:/?#\[\]@!$&'()*+,;=%-]+$"
 """http(s) and the characters RFC 3986 allows in a URI: no space, quote, angle bracket or control character."""
 REVISION_PATTERN = r"^(?:[0-9a-f]{40}|[A-Za-z0-9][A-Za-z0-9._/-]*)$"
 """A commit id (40 hex digits) or a branch, tag or ref name (`main`, `refs/pr/1`)."""
+SUMMARY_MAX = 64
+SUMMARY_PATTERN = r"^[0-9a-z%/() .]*$"
+"""What `Progress.summary` is made of (digits, `%`, `/`, parentheses, `step`): nothing kubectl would print raw."""
+QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti)?$"
+"""A Kubernetes quantity in binary units, as status writes memory: `70.7Gi`, `512Mi`."""
+
 
 
 def _repo_id_constraints() -> dict[str, Any]:
@@ -102,6 +109,13 @@ class Progress(ApiModel):
     tokens_per_second: float | None = _finite("Training tokens per second (all GPUs).", ge=0, le=THROUGHPUT_LIMIT)
     percent: float | None = _finite("step / totalSteps, in percent.", ge=0, le=100)
     eta_seconds: float | None = _finite("Estimated seconds left.", ge=0, le=ETA_LIMIT)
+    summary: str | None = Field(
+        default=None,
+        max_length=SUMMARY_MAX,
+        pattern=SUMMARY_PATTERN,
+        description="Percent and steps as people read them, e.g. 70% (7/10); the PROGRESS column of kubectl get. "
+        "Set by the operator from the numbers; a trainer's own value is replaced.",
+    )
     updated_at: datetime | None = Field(default=None, description="When the trainer sent this.")
 
     @model_validator(mode="after")
@@ -110,14 +124,35 @@ class Progress(ApiModel):
             raise ValueError(f"step {self.step} is beyond totalSteps {self.total_steps}")
         return self
 
+    def ratio(self) -> float | None:
+        """Fraction done, 0 to 1: `percent` when reported, else step / totalSteps; None when neither is known."""
+        if self.percent is not None:
+            return self.percent / 100
+        if self.total_steps:
+            return min(1.0, self.step / self.total_steps)
+        return None
+
+    def summary_text(self) -> str:
+        """What `summary` holds: `70% (7/10)`, `70%` without totalSteps, `step 7` without either. The percent is
+        rounded down, so 100% means done."""
+        ratio = self.ratio()
+        steps = f"{self.step}/{self.total_steps}" if self.total_steps is not None else None
+        if ratio is None:
+            return steps or f"step {self.step}"
+        percent = f"{math.floor(ratio * 100 + 1e-9)}%"
+        return f"{percent} ({steps})" if steps else percent
+
 
 class PlanSummary(ApiModel):
     """What the memory planner chose, and why."""
 
     zero_stage: int = Field(ge=0, le=3, description="ZeRO stage in use (0 = plain data parallel).")
     offload: str = Field(description="Offload in use: none, optimizer:cpu, params:cpu, ...")
-    estimated_gpu_memory_gi_b: float = Field(
-        alias="estimatedGpuMemoryGiB", ge=0, description="Estimated peak GPU memory per GPU, GiB."
+    estimated_gpu_memory: str = Field(
+        alias="estimatedGPUMemory",
+        max_length=32,
+        pattern=QUANTITY_PATTERN,
+        description="Estimated peak GPU memory per GPU, a quantity with its unit (70.7Gi, 512Mi).",
     )
     reason: str = Field(default="", max_length=1024, description="Why this strategy.")
 
@@ -153,11 +188,12 @@ class FineTuneJobStatus(ApiModel):
     restarts: int = Field(default=0, ge=0, description="Attempts restarted after a failure.")
     message: str | None = Field(default=None, max_length=32768, description="Last notable event, for people.")
 
-    @field_validator("progress", "output", mode="wrap")
+    @field_validator("progress", "plan", "output", mode="wrap")
     @classmethod
     def _reported_parts_never_void_the_rest(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
-        """A stored progress or output that breaks today's limits (written before they existed) reads as
-        absent: the trainer's next report replaces it, and the operator's own fields stay readable."""
+        """A stored progress, plan or output that breaks today's limits or names (written before they existed,
+        such as a plan's `estimatedGpuMemoryGiB` before `estimatedGPUMemory`) reads as absent: the trainer's next
+        report or the operator's next reconcile replaces it, and the rest of the status stays readable."""
         try:
             return handler(value)
         except ValidationError:

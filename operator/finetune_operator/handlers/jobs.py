@@ -16,6 +16,7 @@ from typing import Any
 import kopf
 
 from finetune_api import constants
+from finetune_operator import metrics
 from finetune_operator.handlers.indexes import CHILD_LABELS, key_of
 from finetune_operator.handlers.reconciling import capture_indexes, reconcile_job
 from finetune_operator.handlers.state import OperatorState, Triggers
@@ -38,6 +39,7 @@ async def finetunejob_event(type: str | None, body: kopf.Body, memo: kopf.Memo, 
     state = _state(memo)
     capture_indexes(state, kwargs)
     key = (str(body.meta.namespace), str(body.meta.name))
+    metrics.JOB_SERIES.job_event(*key, deleted=type == "DELETED", phase=(body.get("status") or {}).get("phase"))
     if type == "DELETED":
         state.triggers.forget(key)
         state.bodies.forget(key)

@@ -8,11 +8,15 @@ JSON object `{result, reason, message}` with a reason from `reasons`, counted in
 `finetune_progress_pushes_total{result}` and, for refusals, `finetune_progress_rejected_total{reason}`;
 anything unexpected is a logged 500 with the same shape, never a traceback. Answers never carry the
 token or the body. The status writer is injected, so the app is unit-tested with fakes.
+
+An accepted report also sets `progress.summary` (the PROGRESS column: `70% (7/10)`) from its numbers, and the
+job's `finetune_job_*` gauges (`metrics.JOB_SERIES`); `GET /metrics` first drops the series no report has
+refreshed for an hour (`metrics.JOB_SERIES_TTL_SECONDS`).
 """
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -20,8 +24,9 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
 
-from finetune_api.v1alpha1.status import TrainerReport
+from finetune_api.v1alpha1.status import Progress, TrainerReport
 from finetune_operator import metrics
+from finetune_operator.metrics import NOT_TRAINING_PHASES
 from finetune_operator.progress.auth import Authenticator
 from finetune_operator.progress.ratelimit import RateLimiter
 from finetune_operator.progress.reasons import ANSWERS, QUIET, RESULTS, Reason
@@ -77,6 +82,25 @@ def _field_paths(exc: ValidationError) -> str:
     return ", ".join(paths)
 
 
+def record_job_gauges(namespace: str, name: str, progress: Progress, attempt: int, written: object) -> None:
+    """Set the job's `finetune_job_*` gauges from an accepted, written report; none for a job whose written
+    status (the patch's answer) is already past training (a report that raced the end of the job)."""
+    phase = ((written.get("status") or {}).get("phase")) if isinstance(written, Mapping) else None
+    if phase in NOT_TRAINING_PHASES:
+        metrics.JOB_SERIES.forget(namespace, name)
+        return
+    metrics.JOB_SERIES.record(
+        namespace,
+        name,
+        attempt=attempt,
+        loss=progress.loss,
+        eval_loss=progress.eval_loss,
+        tokens_per_second=progress.tokens_per_second,
+        progress_ratio=progress.ratio(),
+        eta_seconds=progress.eta_seconds,
+    )
+
+
 @web.middleware
 async def never_a_traceback(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
                             ) -> web.StreamResponse:
@@ -120,7 +144,8 @@ def build_app(auth: Authenticator, limiter: RateLimiter, write_status: StatusWri
                 return refusal(why)
         status: dict[str, Any] = {}
         if report.progress is not None:
-            progress = report.progress.model_copy(update={"updated_at": datetime.now(UTC).replace(microsecond=0)})
+            now = datetime.now(UTC).replace(microsecond=0)
+            progress = report.progress.model_copy(update={"updated_at": now, "summary": report.progress.summary_text()})
             status["progress"] = progress.to_dict(exclude_none=True)
         if report.output is not None:
             status["output"] = report.output.to_dict(exclude_none=True)
@@ -131,7 +156,10 @@ def build_app(auth: Authenticator, limiter: RateLimiter, write_status: StatusWri
                 log.warning("progress for %s/%s not written: %s: %.300s", ns, name, type(exc).__name__, exc)
                 return refusal("status_write_failed")
             if written is None:
+                metrics.JOB_SERIES.forget(ns, name)
                 return refusal("job_gone")
+            if report.progress is not None:
+                record_job_gauges(ns, name, report.progress, decision.facts.attempt, written)
         log.debug(
             "progress for %s/%s from pod %s: step %s",
             ns,
@@ -150,6 +178,7 @@ def build_metrics_app() -> web.Application:
     """Plain-HTTP `/metrics` for Prometheus (separate port: scrapers rarely carry our CA)."""
 
     async def get_metrics(_: web.Request) -> web.Response:
+        metrics.JOB_SERIES.expire()
         body = generate_latest(metrics.REGISTRY)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 

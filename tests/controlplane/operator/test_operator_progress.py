@@ -57,12 +57,14 @@ def test_progress_push_is_authenticated_per_job(cluster: Cluster, namespace: str
     codes = [post(operator, namespace, "demo", good) for _ in range(3)]  # 1/s with a burst of 2
     assert codes[0] == 200 and codes[-1] == 429
 
-    def columns() -> list[str] | None:
-        out = cluster.kubectl("-n", namespace, "get", "ftj", "demo", "--no-headers").stdout.split()
-        return out if "70" in out else None
+    def table() -> list[str] | None:
+        lines = cluster.kubectl("-n", namespace, "get", "ftj", "demo").stdout.splitlines()
+        return lines if "70%" in lines[-1] else None
 
-    row = wait_until(columns, timeout=10, what="progress in kubectl get ftj")
-    assert row[:4] == ["demo", "Running", "70", "1.25"]
+    header, row = wait_until(table, timeout=10, what="progress in kubectl get ftj")
+    assert header.split()[:4] == ["NAME", "PHASE", "PROGRESS", "LOSS"]
+    assert row.split()[:5] == ["demo", "Running", "70%", "(7/10)", "1.25"]  # the PROGRESS column: 70% (7/10)
+    assert status(cluster, namespace, "demo")["progress"]["summary"] == "70% (7/10)"
     metrics = operator.metrics()
     assert 'finetune_progress_pushes_total{result="accepted"}' in metrics
     assert 'finetune_progress_pushes_total{result="rate_limited"}' in metrics
