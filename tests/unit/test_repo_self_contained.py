@@ -12,9 +12,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-# A path that climbs out of the checkout into a sibling `shared` tree, or names that tree as a
-# top-level folder ("shared/research/...", "../shared/DESIGN.md"). Built from parts so this file
-# does not match itself.
+# A path that climbs out of the checkout into a sibling tree of design notes and research, or names
+# one of that tree's folders as if it were here. Built from parts so this file does not match itself.
 _SHARED = "sha" + "red"
 OUTSIDE = re.compile(rf"(\.\./+{_SHARED}\b|(?<![\w./-]){_SHARED}/(?:research|seed|bench|DESIGN|STYLE|hooks)\b)")
 

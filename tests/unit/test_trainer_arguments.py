@@ -59,3 +59,11 @@ def test_epochs_and_max_steps(training: dict[str, Any], epochs: float, max_steps
 )
 def test_neftune_noise_alpha_reaches_the_trainer_arguments(training: dict[str, Any], alpha: float | None) -> None:
     assert sft_config_of(**training).neftune_noise_alpha == alpha
+
+
+@pytest.mark.parametrize(("training", "warmup"), [({}, 0), ({"warmupSteps": 7}, 7), ({"warmupRatio": 0.25}, 0.25)])
+def test_the_warmup_reaches_transformers_as_steps_or_a_ratio(training: dict[str, Any], warmup: float) -> None:
+    """transformers 5 reads warmup_steps below 1 as a fraction of the run: warmupRatio goes there."""
+    args = sft_config_of(**training)
+    assert args.warmup_steps == warmup
+    assert args.get_warmup_steps(40) == (10 if "warmupRatio" in training else warmup)

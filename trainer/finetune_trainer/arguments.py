@@ -79,7 +79,7 @@ def build_sft_config(cfg: TrainerInput) -> SFTConfig:
         learning_rate=t.learning_rate,
         lr_scheduler_type=t.lr_scheduler_type,
         weight_decay=t.weight_decay,
-        warmup_steps=t.warmup_steps,
+        warmup_steps=t.warmup_ratio if t.warmup_ratio is not None else t.warmup_steps,  # below 1: a ratio
         max_grad_norm=t.max_grad_norm,
         neftune_noise_alpha=t.neftune_noise_alpha,
         per_device_train_batch_size=t.per_device_train_batch_size,

@@ -142,6 +142,14 @@ class TrainingSpec(ApiModel):
     def offloaded_activations_are_checkpoints(self) -> bool:
         return not self.offload_activations or self.gradient_checkpointing
 
+    @rule(
+        ".warmupRatio",
+        "!has(self.warmupRatio) || self.warmupRatio == null || !has(self.warmupSteps) || self.warmupSteps == 0",
+        "training.warmupRatio and warmupSteps both set the warm-up: set one of them",
+    )
+    def one_warmup_length(self) -> bool:
+        return self.warmup_ratio is None or self.warmup_steps == 0
+
     epochs: float | None = Field(default=None, gt=0, description="num_train_epochs. Default: 1 unless maxSteps.")
     max_steps: int | None = Field(default=None, gt=0, description="Stop after this many optimizer steps.")
     learning_rate: float = Field(default=1e-4, gt=0, description="Default: 1e-4.")
@@ -150,6 +158,13 @@ class TrainingSpec(ApiModel):
     ] = Field(default="cosine", description="Default: cosine.")
     weight_decay: float = Field(default=1e-4, ge=0, description="Default: 1e-4.")
     warmup_steps: int = Field(default=0, ge=0, description="Default: 0.")
+    warmup_ratio: float | None = Field(
+        default=None,
+        ge=0,
+        lt=1,
+        description="Warm the learning rate up over this fraction of the optimizer steps, instead of warmupSteps "
+        "(e.g. 0.03). Default: none.",
+    )
     max_grad_norm: float = Field(default=1.0, ge=0, description="Gradient clipping. Default: 1.0.")
     neftune_noise_alpha: float | None = Field(
         default=None,
