@@ -10,14 +10,18 @@ CASES: dict[str, dict[str, Any]] = {
     # Namespaced mode: a Role + RoleBinding and a KopfPeering in each watched namespace.
     "namespaced": {"watchNamespaces": ["team-a", "team-b"]},
     # Every optional switch flipped: no peering (one replica), a ServiceMonitor, a cert from
-    # cert-manager, no aggregated roles, extra flags, scheduling knobs, a looser pod policy.
+    # cert-manager, a Grafana dashboard, no aggregated roles, extra flags, scheduling knobs, a looser pod policy.
     "features": {
         "replicas": 1,
         "peering": {"enabled": False},
         "trainer": {"image": "registry.example.com/ml/trainer:1.2.3"},
         "image": {"tag": "dev", "pullPolicy": "Always"},
         "imagePullSecrets": [{"name": "regcred"}],
-        "metrics": {"port": 9090, "serviceMonitor": {"enabled": True, "labels": {"release": "prometheus"}}},
+        "metrics": {
+            "port": 9090,
+            "serviceMonitor": {"enabled": True, "labels": {"release": "prometheus"}},
+            "dashboard": {"enabled": True, "annotations": {"grafana_folder": "Fine-tuning"}},
+        },
         "progress": {"port": 8443, "tls": {"existingSecret": "ftjob-progress-cert"}},
         "rbac": {"aggregateToDefaultRoles": False},
         "verbose": True,
