@@ -7,13 +7,13 @@ import json
 from types import SimpleNamespace
 from typing import Any
 
-import kopf
 import pytest
 
 from finetune_operator.handlers.kube import Created, Existing, FieldConflictError
 from finetune_operator.handlers.reconciling import ChildConflictError, _apply, _undo
 from finetune_operator.reconcile import Actions, reconcile
 from finetune_operator.render import RenderOptions
+from finetune_operator.runtime import RetryLaterError
 from finetune_operator.status import AttemptObserved, Observed
 from tests.unit.test_ownership import NOW, ftj, ref
 
@@ -62,7 +62,7 @@ def apply_and_roll_back(kube: RecordingKube, actions: Actions) -> Exception:
     """What `_reconcile_once` does: apply, and on a conflict undo what was created."""
     created: list[Created] = []
     state = SimpleNamespace(kube=kube)
-    with pytest.raises((ChildConflictError, kopf.TemporaryError)) as raised:
+    with pytest.raises((ChildConflictError, RetryLaterError)) as raised:
         asyncio.run(_apply(state, JOB, actions, created))
     if isinstance(raised.value, ChildConflictError):
         asyncio.run(_undo(state, created))
@@ -106,7 +106,7 @@ def test_a_deleted_namesakes_leftover_is_waited_for_not_touched() -> None:
     leftover = {"name": "web-config", "uid": "u-left", "ownerReferences": [ref("u-old")]}
     kube = RecordingKube(taken={"web-config": leftover})
     error = apply_and_roll_back(kube, new_job_actions())
-    assert isinstance(error, kopf.TemporaryError) and error.delay == 1.0
+    assert isinstance(error, RetryLaterError) and error.delay == 1.0
     assert [c for c in kube.calls if c[0] != "create"] == []  # what was created is ours: the next round reuses it
 
 

@@ -6,7 +6,6 @@ import asyncio
 import json
 from typing import Any
 
-import kopf
 import pytest
 
 from finetune_operator.handlers.kube import (
@@ -17,6 +16,7 @@ from finetune_operator.handlers.kube import (
     Kube,
     RejectedError,
 )
+from finetune_operator.runtime import RetryLaterError
 
 
 class Answer:
@@ -91,7 +91,7 @@ def test_a_taken_name_answers_with_the_holders_metadata_and_writes_nothing() -> 
 
 def test_a_holder_gone_before_it_could_be_read_is_a_retry() -> None:
     kube = ScriptedKube(status(409, "already exists"), status(404))
-    with pytest.raises(kopf.TemporaryError):
+    with pytest.raises(RetryLaterError):
         asyncio.run(kube.create(CM))
 
 
@@ -101,8 +101,8 @@ def test_a_holder_gone_before_it_could_be_read_is_a_retry() -> None:
         (422, RejectedError),
         (400, RejectedError),
         (403, RejectedError),
-        (503, kopf.TemporaryError),
-        (429, kopf.TemporaryError),
+        (503, RetryLaterError),
+        (429, RetryLaterError),
     ],
 )
 def test_create_errors(code: int, error: type[Exception]) -> None:
@@ -186,10 +186,10 @@ def test_apply_to_a_name_another_object_took_meanwhile_is_a_retry_not_a_rejected
         'ConfigMap "web-config" is invalid: metadata.uid: Invalid value: "u-cm": field is immutable',
         [{"reason": "FieldValueInvalid", "field": "metadata.uid"}],
     )
-    with pytest.raises(kopf.TemporaryError):
+    with pytest.raises(RetryLaterError):
         asyncio.run(ScriptedKube(immutable).apply(OURS))
     gone = status(409, "uid mismatch: the provided object specified uid u-cm, and no existing object was found")
-    with pytest.raises(kopf.TemporaryError):
+    with pytest.raises(RetryLaterError):
         asyncio.run(ScriptedKube(gone).apply(OURS))
     with pytest.raises(RejectedError):  # any other invalid field is the spec's
         asyncio.run(ScriptedKube(status(422, "data: Too long", [{"field": "data"}])).apply(OURS))

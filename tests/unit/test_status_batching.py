@@ -39,8 +39,8 @@ async def _writes(steps: list[FineTuneJobStatus]) -> tuple[list[dict[str, Any]],
         await reconciling._write_status(state, body, job, actions)  # type: ignore[arg-type]
         old = {**old, **kube.patches[-1]} if kube.patches else old
     wakeups = []
-    while not state.wakeups.empty():
-        due, _ = state.wakeups.get_nowait()
+    while not state.wakeups.inbox.empty():
+        due, _ = state.wakeups.inbox.get_nowait()
         wakeups.append(due)
     return kube.patches, wakeups
 

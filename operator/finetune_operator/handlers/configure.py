@@ -12,7 +12,6 @@ from typing import Any
 import kopf
 
 from finetune_api import constants
-from finetune_operator.handlers import peers, requeue
 from finetune_operator.handlers.kube import Kube
 from finetune_operator.handlers.reconciling import reconcile_job
 from finetune_operator.handlers.state import OperatorConfig, OperatorState
@@ -87,10 +86,10 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: ko
     memo["runners"] = [progress[0], scrapes[0]]
 
     async def wake(key: tuple[str, str]) -> None:
-        if await peers.active(state, key[0]):  # kopf pauses handlers in a standby replica, not our task
+        if await state.peering.active(key[0]):  # kopf pauses handlers in a standby replica, not our task
             await reconcile_job(state, key, reread=True)
 
-    state.background.append(asyncio.create_task(requeue.run_wakeups(state, wake)))
+    state.background.append(asyncio.create_task(state.wakeups.run(wake)))
     logger.info("progress endpoint on :%s (HTTPS), metrics on :%s", config.progress_port, config.metrics_port)
 
 

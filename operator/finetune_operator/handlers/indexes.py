@@ -19,9 +19,9 @@ from finetune_api import constants
 from finetune_api.termination import TerminationRecord
 from finetune_operator.health import pod_problem
 from finetune_operator.reconcile import TEMPLATE_HASH
+from finetune_operator.runtime import Key
 from finetune_operator.status import AttemptObserved, Observed, PodObserved
 
-Key = tuple[str, str]
 CHILD_LABELS: dict[str, Any] = {
     constants.LABEL_JOB_NAME: kopf.PRESENT,
     constants.LABEL_MANAGED_BY: constants.MANAGED_BY,

@@ -8,7 +8,7 @@ find the job's key, hand it to the reconciler, return None.
 The job's own events come through `kopf.on.event`, not `on.create/update/resume`: those made kopf
 keep a diff-base for every event (a deep copy of the body) and write a `last-handled-configuration`
 annotation patch per job, 16% of the operator's CPU and one API write per job in a burst; the
-check that replaces them is `Triggers.changed`.
+check that replaces them is `runtime.Triggers.changed`.
 """
 
 from typing import Any
@@ -19,7 +19,8 @@ from finetune_api import constants
 from finetune_operator import metrics
 from finetune_operator.handlers.indexes import CHILD_LABELS, key_of
 from finetune_operator.handlers.reconciling import capture_indexes, reconcile_job
-from finetune_operator.handlers.state import OperatorState, Triggers
+from finetune_operator.handlers.state import OperatorState
+from finetune_operator.runtime import Triggers
 
 FTJ = (constants.GROUP, constants.VERSION, constants.PLURAL)
 

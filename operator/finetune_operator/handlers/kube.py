@@ -5,8 +5,8 @@ patch, events, TokenReview and pod lookup. Children are created with a plain cre
 with the existing object's metadata (`Existing`) so the caller can check whose it is before anything
 else happens, and every later write or delete of a child names it by uid (a precondition), so it can
 never land on another object of that name. Server-side apply never forces a field another manager
-holds (`FieldConflictError`). Throttling and server errors become `kopf.TemporaryError` so kopf
-retries them. It makes no decisions; it never logs object bodies, tokens or env.
+holds (`FieldConflictError`). Throttling and server errors become `runtime.RetryLaterError`, so the work
+queue runs the round again a second later. It makes no decisions; it never logs object bodies, tokens or env.
 """
 
 import json
@@ -18,11 +18,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
-import kopf
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from finetune_api import constants
+from finetune_operator.runtime import RetryLaterError
 
 FIELD_MANAGER = "finetune-operator"
 MERGE_PATCH = "application/merge-patch+json"
@@ -85,9 +85,9 @@ def _rejected(exc: ApiException, what: str) -> RejectedError:
     return RejectedError(f"the API server rejected {what}: {detail}")
 
 
-def _retry(exc: ApiException, what: str) -> kopf.TemporaryError:
-    """A transient API failure, retried by kopf soon (1 s: the hot path must stay fast)."""
-    return kopf.TemporaryError(f"{what}: HTTP {exc.status} {exc.reason}", delay=1)
+def _retry(exc: ApiException, what: str) -> RetryLaterError:
+    """A transient API failure, retried by the work queue soon (1 s: the hot path must stay fast)."""
+    return RetryLaterError(f"{what}: HTTP {exc.status} {exc.reason}", delay=1)
 
 
 def _skip_env_lookups(api: client.ApiClient) -> None:

@@ -1,12 +1,12 @@
 """One reconcile of one FineTuneJob: read it, observe its children, decide, apply, write status.
 
 Every trigger (the job's own events, any event of its Jobs or pods, a deadline/TTL wake-up, the
-safety timer) ends in `reconcile_job(state, key)`. Reconciles of one job are serialized by a
-per-job lock and coalesced: a trigger that arrives while one runs (or waits for a slot) only marks
-the job dirty, and the running one goes round again. An event-driven round reads the job as the
-watch last showed it, which is never older than this process's own last status write
-(`state.Bodies`), so a decision never rests on a status written a moment ago but not seen yet;
-timer wake-ups (deadlines, retries, the resync safety net) re-read it from the API server.
+safety timer) ends in `reconcile_job(state, key)`, which hands the job to the runtime's work queue
+(`runtime.WorkQueue`: rounds of one job serialized and coalesced, a bounded number in flight) with
+`_reconcile_once` as the round. An event-driven round reads the job as the watch last showed it,
+which is never older than this process's own last status write (`runtime.Bodies`), so a decision
+never rests on a status written a moment ago but not seen yet; timer wake-ups (deadlines, retries,
+the resync safety net) re-read it from the API server.
 """
 
 import asyncio
@@ -17,19 +17,17 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-import aiohttp
-import kopf
 from pydantic import ValidationError
 
 from finetune_api.v1alpha1.errors import InvalidSpecError
 from finetune_api.v1alpha1.resource import FineTuneJob
 from finetune_api.v1alpha1.status import TERMINAL_PHASES, FineTuneJobStatus
 from finetune_operator import metrics
-from finetune_operator.handlers import requeue
 from finetune_operator.handlers.indexes import observe
 from finetune_operator.handlers.kube import Created, Existing, FieldConflictError, RejectedError
-from finetune_operator.handlers.state import Key, OperatorState
+from finetune_operator.handlers.state import OperatorState
 from finetune_operator.reconcile import Actions, claim, holder, namesake_wait, reconcile
+from finetune_operator.runtime import Key, RetryLaterError
 from finetune_operator.status import (
     ConflictReason,
     Transition,
@@ -42,9 +40,6 @@ from finetune_operator.status import (
 log = logging.getLogger(__name__)
 # Keys the progress endpoint owns; the reconciler never writes them, so it cannot undo a push.
 PROGRESS_KEYS = frozenset({"progress", "output"})
-ERROR_RETRY_SECONDS = 5.0
-# A round is a handful of API calls (well under a second); one stuck this long is abandoned and retried.
-RECONCILE_TIMEOUT_SECONDS = 60.0
 RESYNC_JITTER = 0.1
 # A change of only the ready count or messages is written at most once a second per job (`only_details_changed`).
 STATUS_BATCH_SECONDS = 1.0
@@ -72,44 +67,8 @@ async def reconcile_job(state: OperatorState, key: Key, reread: bool = False) ->
 
     `reread`: GET the job first instead of trusting the watch's view (timer wake-ups).
     """
-    state.dirty.add(key)
-    if reread:
-        state.reread.add(key)
-    lock = state.lock(key)
-    if lock.locked():
-        return
-    async with lock:
-        while key in state.dirty:
-            # At most `max_concurrent_reconciles` rounds in flight (controller-runtime's MaxConcurrentReconciles):
-            # when the API server is the bottleneck, a job waiting here gathers its triggers into one round.
-            async with state.slots:
-                state.dirty.discard(key)
-                alive = await _round(state, key)
-            if alive is None:
-                return
-            if not alive:
-                state.locks.pop(key, None)
-                state.dirty.discard(key)
-                state.status_written.pop(key, None)
-
-
-async def _round(state: OperatorState, key: Key) -> bool | None:
-    """One guarded round: whether the job is still there, or None when it failed and a retry is scheduled."""
-    try:
-        with metrics.RECONCILE_SECONDS.time():
-            return await asyncio.wait_for(_reconcile_once(state, key), RECONCILE_TIMEOUT_SECONDS)
-    except kopf.TemporaryError as exc:  # API hiccup: look again soon, whatever triggered us
-        log.warning("[%s/%s] reconcile will be retried: %s", *key, exc)
-        requeue.schedule(state, key, exc.delay or 1.0)
-    except (aiohttp.ClientError, OSError) as exc:
-        # A dropped or refused connection, or a round past RECONCILE_TIMEOUT_SECONDS (TimeoutError is an
-        # OSError): a hung API call must not hold this job's lock (and status) forever.
-        log.warning("[%s/%s] API server did not answer (%s); retrying in 1 s", *key, type(exc).__name__)
-        requeue.schedule(state, key, 1.0)
-    except Exception:  # a bug or an unexpected answer: logged, retried later, never fatal
-        log.exception("[%s/%s] reconcile failed; retrying in %s s", *key, ERROR_RETRY_SECONDS)
-        requeue.schedule(state, key, ERROR_RETRY_SECONDS)
-    return None
+    if await state.queue.run(key, lambda k, fresh: _reconcile_once(state, k, fresh), reread=reread):
+        state.status_written.pop(key, None)  # the job is gone
 
 
 def _entries(state: OperatorState, name: str, key: Key) -> list[Any]:
@@ -117,11 +76,10 @@ def _entries(state: OperatorState, name: str, key: Key) -> list[Any]:
     return list(index.get(key, [])) if index is not None else []
 
 
-async def _current_body(state: OperatorState, key: Key) -> dict[str, Any] | None:
+async def _current_body(state: OperatorState, key: Key, reread: bool) -> dict[str, Any] | None:
     """The job as the watch last showed it; GET it when asked to (`reread`) or when it was never seen."""
     body = state.bodies.get(key)
-    if body is None or key in state.reread:
-        state.reread.discard(key)
+    if body is None or reread:
         fetched = await state.kube.get_finetunejob(*key)
         if fetched is None:
             state.bodies.forget(key)
@@ -131,9 +89,9 @@ async def _current_body(state: OperatorState, key: Key) -> dict[str, Any] | None
     return body
 
 
-async def _reconcile_once(state: OperatorState, key: Key) -> bool:
+async def _reconcile_once(state: OperatorState, key: Key, reread: bool = False) -> bool:
     """One round; False when the job is gone (or going)."""
-    body = await _current_body(state, key)
+    body = await _current_body(state, key, reread)
     if body is None or body["metadata"].get("deletionTimestamp"):
         return False
     try:
@@ -166,7 +124,7 @@ async def _reconcile_once(state: OperatorState, key: Key) -> bool:
     elif actions.requeue_after is not None or actions.status.phase not in TERMINAL_PHASES:
         # Jittered, so the jobs of one burst do not all come back in the same second.
         resync = state.config.resync_seconds * random.uniform(1 - RESYNC_JITTER, 1)
-        requeue.schedule(state, key, min(actions.requeue_after or resync, resync))
+        state.wakeups.schedule(key, min(actions.requeue_after or resync, resync))
     return True
 
 
@@ -234,7 +192,7 @@ async def _settle(state: OperatorState, job: FineTuneJob, obj: dict[str, Any], e
         )
     if whose == "namesake":
         delay = namesake_wait(existing.meta, datetime.now(UTC))
-        raise kopf.TemporaryError(
+        raise RetryLaterError(
             f"{existing.kind} {existing.name} is a deleted FineTuneJob {job.name}'s, not yet garbage-collected",
             delay=delay,
         )
@@ -267,7 +225,7 @@ async def _write_status(state: OperatorState, body: dict[str, Any], job: FineTun
     since_write = time.monotonic() - state.status_written.get(key, -math.inf)
     if delta and since_write < STATUS_BATCH_SECONDS and only_details_changed(old, {**old, **delta}):
         # a ready count moving again within the second: written by this wake-up (or a sooner round)
-        requeue.schedule(state, key, STATUS_BATCH_SECONDS - since_write)
+        state.wakeups.schedule(key, STATUS_BATCH_SECONDS - since_write)
         delta = {}
     if delta:
         await _patch_status(state, body, delta)

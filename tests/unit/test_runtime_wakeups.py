@@ -3,26 +3,24 @@ seen in the 300-job burst: the single wake-up task awaited each reconcile inline
 
 import asyncio
 import time
-from types import SimpleNamespace
-from typing import Any
 
-from finetune_operator.handlers import requeue
+from finetune_operator.runtime import Key, Wakeups
 
 
 async def _run() -> dict[str, float]:
-    state: Any = SimpleNamespace(wakeups=asyncio.Queue())
+    wakeups = Wakeups()
     woke: dict[str, float] = {}
     start = time.monotonic()
 
-    async def callback(key: tuple[str, str]) -> None:
+    async def callback(key: Key) -> None:
         woke[key[1]] = time.monotonic() - start
         if key[1] == "slow":
             await asyncio.sleep(5)  # a reconcile stuck on a saturated API server
 
-    loop = asyncio.create_task(requeue.run_wakeups(state, callback))
-    requeue.schedule(state, ("ns", "slow"), 0.2)
-    requeue.schedule(state, ("ns", "fast"), 0.4)
-    requeue.schedule(state, ("ns", "fast"), 3.0)  # a later wake-up for the same job is dropped
+    loop = asyncio.create_task(wakeups.run(callback))
+    wakeups.schedule(("ns", "slow"), 0.2)
+    wakeups.schedule(("ns", "fast"), 0.4)
+    wakeups.schedule(("ns", "fast"), 3.0)  # a later wake-up for the same job is dropped
     await asyncio.sleep(1.0)
     loop.cancel()
     return woke

@@ -2,7 +2,7 @@
 
 from typing import Any
 
-from finetune_operator.handlers.state import Bodies, Triggers
+from finetune_operator.runtime import Bodies, Triggers
 
 
 def _body(

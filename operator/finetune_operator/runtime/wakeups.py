@@ -1,0 +1,71 @@
+"""Delayed wake-ups (controller-runtime's RequeueAfter) for deadlines, TTLs, retries and the resync, in one task.
+
+A round answers "look again in N seconds"; `Wakeups.schedule()` records that and a single background
+task (`Wakeups.run`) calls back when it is due. Every active job also gets a slow resync wake-up (the
+safety net for a missed event). One task for all jobs, not a kopf timer per job: thousands of jobs cost
+one heap, and kopf timers would force a finalizer onto every FineTuneJob (deletion would then hang while
+the operator is down).
+"""
+
+import asyncio
+import heapq
+import logging
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+from finetune_operator.runtime.keys import Key
+
+log = logging.getLogger(__name__)
+MIN_DELAY = 0.2  # clock-skew floor, so a deadline is never checked a hair too early in a tight loop
+
+
+def _finished(running: "set[asyncio.Task[None]]", key: Key) -> Callable[["asyncio.Task[None]"], None]:
+    """Forget a finished wake-up task and log its failure (a failed wake-up must not stop the others)."""
+
+    def done(task: "asyncio.Task[None]") -> None:
+        running.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("wake-up reconcile of %s/%s failed", *key, exc_info=task.exception())
+
+    return done
+
+
+@dataclass
+class Wakeups:
+    """Requests for a later reconcile of a job, and the one task that serves them."""
+
+    inbox: "asyncio.Queue[tuple[float, Key]]" = field(default_factory=asyncio.Queue)
+    """(due on the monotonic clock, key), as asked; `run` moves them into its heap."""
+
+    def schedule(self, key: Key, delay: float) -> None:
+        """Ask for a reconcile of `key` after `delay` seconds."""
+        self.inbox.put_nowait((time.monotonic() + max(delay, MIN_DELAY), key))
+
+    async def run(self, callback: Callable[[Key], Coroutine[Any, Any, None]]) -> None:
+        """Forever: sleep until the earliest wake-up (or a new one arrives), then call back.
+
+        Only the earliest wake-up per job is kept: the reconcile it triggers plans the next one anyway.
+        """
+        heap: list[tuple[float, Key]] = []
+        earliest: dict[Key, float] = {}
+        running: set[asyncio.Task[None]] = set()
+        while True:
+            timeout = max(heap[0][0] - time.monotonic(), 0.0) if heap else None
+            try:
+                due, key = await asyncio.wait_for(self.inbox.get(), timeout)
+            except TimeoutError:
+                due, key = heapq.heappop(heap)
+                if earliest.get(key) != due:
+                    continue  # superseded by an earlier wake-up that already ran
+                del earliest[key]
+                # In its own task: one slow reconcile (a saturated API server) must not hold every other
+                # job's wake-up behind it. The work queue serializes per job, so concurrency is safe.
+                task = asyncio.create_task(callback(key), name=f"wakeup {key[0]}/{key[1]}")
+                running.add(task)
+                task.add_done_callback(_finished(running, key))
+                continue
+            if key not in earliest or due < earliest[key]:
+                earliest[key] = due
+                heapq.heappush(heap, (due, key))
