@@ -124,3 +124,9 @@ ENV_TEST_FAULT: Final = "FTJOB_TEST_FAULT"
 """Test hook, never set in production: the trainer fails on purpose right after loading the model. `exit:65`
 raises the permanent error with that code; `crash-once:PATH` makes the first worker to create PATH SIGKILL itself
 (later runs find PATH and go on), a transient failure that torch elastic restarts."""
+ENV_LOG_LEVEL: Final = "FTJOB_LOG_LEVEL"
+"""The trainer's console output (`finetune_trainer.output`): `info` (default: third-party warnings once each, ranks
+other than 0 errors only), `debug` (everything, every time, every rank; `ftjob run --verbose` sets it), `warning`
+or `error` (quieter)."""
+ENV_LOG_FORMAT: Final = "FTJOB_LOG_FORMAT"
+"""`text` (default) or `json`: the trainer writes one JSON object per log line, for log collectors."""

@@ -97,6 +97,7 @@ def _run(args: argparse.Namespace) -> int:
         workdir=Path(args.workdir) if args.workdir else None,
         nodes=args.nodes,
         fresh=args.fresh,
+        verbose=args.verbose,
     )
 
 
@@ -136,6 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--nodes", type=int, default=None, help="override the number of local 'nodes'")
     run.add_argument("--fresh", action="store_true", help="delete the work directory first instead of resuming")
+    run.add_argument(
+        "--verbose", action="store_true", help="the trainer's every line: each warning each time, every rank"
+    )
     run.set_defaults(func=_run)
 
     op = sub.add_parser("operator", help="run the operator (what the Helm chart's Deployment runs)")

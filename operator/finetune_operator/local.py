@@ -115,11 +115,20 @@ def _wait_all(procs: list[subprocess.Popen[str]]) -> int:
     return first_failure(codes)
 
 
-def run_locally(job: FineTuneJob, *, workdir: Path | None = None, nodes: int | None = None, fresh: bool = False) -> int:
+def run_locally(
+    job: FineTuneJob,
+    *,
+    workdir: Path | None = None,
+    nodes: int | None = None,
+    fresh: bool = False,
+    verbose: bool = False,
+) -> int:
     """Render, write the configs, run every node, and report where the adapter went.
 
     Like a pod, a local run resumes from the newest complete checkpoint in its work directory;
-    `fresh` deletes the directory first.
+    `fresh` deletes the directory first. The trainer prints what `finetune_trainer.output` lets through (its
+    `FTJOB_LOG_LEVEL`, passed on from this environment); `verbose` sets it to `debug`: every warning every time,
+    from every rank.
     """
     job, notes = fit_to_machine(job, nodes=nodes, gpus_here=local_gpu_count())
     for note in notes:
@@ -151,6 +160,7 @@ def run_locally(job: FineTuneJob, *, workdir: Path | None = None, nodes: int | N
         constants.ENV_JOB_NAMESPACE: job.namespace,
         constants.ENV_ATTEMPT: "1",
         "PYTHONUNBUFFERED": "1",
+        **({constants.ENV_LOG_LEVEL: "debug"} if verbose else {}),
         # The pod command says `accelerate`: this installation's, next to this interpreter.
         "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
     }

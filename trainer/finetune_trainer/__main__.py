@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 from pathlib import Path
 
 from finetune_api.termination import TerminationRecord
+from finetune_trainer import output
 from finetune_trainer.compat import zero3_checkpointing_problem
 from finetune_trainer.errors import (
     EXIT_SIGTERM,
@@ -47,7 +47,7 @@ def train(config_path: str) -> int:
     from finetune_trainer.loading import load_config
     from finetune_trainer.model import load_model, load_tokenizer
     from finetune_trainer.probes import write_probe
-    from finetune_trainer.progress import ProgressCallback, Reporter, report_output
+    from finetune_trainer.progress import ProgressCallback, Reporter, console_callbacks, report_output
 
     cfg = load_config(config_path)
     model_path = builtin.resolve_model(cfg.model.name)  # generated files, before any zero.Init
@@ -62,10 +62,9 @@ def train(config_path: str) -> int:
     from trl.trainer.sft_trainer import SFTTrainer
 
     state = PartialState()
-    _quiet_replicas(state.is_main_process)
     zero3 = bool(is_deepspeed_zero3_enabled())  # type: ignore[no-untyped-call]
     problem = zero3_checkpointing_problem(
-        transformers.__version__, zero3=zero3, checkpointing=cfg.training.gradient_checkpointing
+        transformers.__version__, zero3=zero3, checkpointing=cfg.training.gradient_checkpointing is not False
     )
     if problem is not None:
         raise InvalidConfigError(problem)
@@ -104,6 +103,7 @@ def train(config_path: str) -> int:
         peft_config=peft_config(cfg),
         callbacks=callbacks,
     )
+    console_callbacks(trainer)
     result = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
     if sigterm.stopped:
         log.warning(
@@ -138,7 +138,8 @@ def train(config_path: str) -> int:
 
     if state.is_main_process:
         write_card(cfg, adapter_dir, metrics, trainer.state.log_history)
-        log.info("adapter written to %s (final loss %s)", adapter_dir, metrics.get("train_loss"))
+        mean_loss = float(metrics.get("train_loss", float("nan")))
+        log.info("adapter written to %s (mean training loss %.4g)", adapter_dir, mean_loss)
         if target is not None:
             status = push(
                 *target,
@@ -149,17 +150,11 @@ def train(config_path: str) -> int:
     return 0
 
 
-def _quiet_replicas(is_main: bool) -> None:
-    """Our INFO lines only from the main process; other ranks speak up for warnings."""
-    log.setLevel(logging.INFO if is_main else logging.WARNING)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m finetune_trainer", description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True, help="path to trainer.json")
     ns = parser.parse_args(argv)
-    rank = os.environ.get("RANK", "0")
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s [rank{rank}] %(levelname)s %(name)s: %(message)s")
+    output.setup()
     try:
         return train(ns.config)
     except PermanentError as e:
@@ -172,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         _leave_process_group()
+        output.finish()
 
 
 def _leave_process_group() -> None:

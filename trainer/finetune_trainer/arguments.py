@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from finetune_api.trainer_input import TrainerInput
 from finetune_api.v1alpha1.spec import TrainingSpec
+from finetune_trainer import output
 from finetune_trainer.cpu import on_cpu
 
 if TYPE_CHECKING:
@@ -58,6 +59,7 @@ def build_sft_config(cfg: TrainerInput) -> SFTConfig:
         )
         save_total_limit = 2
     eval_strategy = t.eval_strategy if len(d.splits) > 1 else "no"
+    verbose = output.installed_settings().verbose
     from finetune_trainer import speed
 
     # fused AdamW where the Trainer (not DeepSpeed) steps the optimizer, on CUDA (speed.resolve_levers)
@@ -109,7 +111,10 @@ def build_sft_config(cfg: TrainerInput) -> SFTConfig:
         report_to="none",
         ddp_find_unused_parameters=False,
         dataloader_num_workers=0,
-        log_level="warning",
-        log_level_replica="warning",
-        disable_tqdm=False,
+        # Console output is finetune_trainer.output's: transformers at warning (info when verbose) on rank 0,
+        # errors only elsewhere; no tqdm (it would write a bar into every log file) and no dict print (the
+        # progress callback's line says it once).
+        log_level="info" if verbose else "warning",
+        log_level_replica="info" if verbose else "error",
+        disable_tqdm=True,
     )

@@ -37,6 +37,7 @@ from finetune_api.v1alpha1.status import (
     Progress,
     TrainerReport,
 )
+from finetune_trainer import output
 
 log = logging.getLogger(__name__)
 
@@ -150,17 +151,7 @@ class ProgressCallback(TrainerCallback):
         except ValidationError as e:  # never fail training over a report
             log.debug("progress report skipped: %s", e)
             progress = None
-        log.info(
-            "step %d/%s (%.0f%%) loss %s eval_loss %s lr %s tok/s %s eta %s",
-            state.global_step,
-            state.max_steps if state.max_steps > 0 else None,
-            (progress.percent if progress else None) or 0.0,
-            _fmt(self._loss),
-            _fmt(self._eval_loss),
-            _fmt(self._lr),
-            _fmt(progress.tokens_per_second if progress else None),
-            _eta(progress.eta_seconds if progress else None),
-        )
+        self._log_line(state, logs, progress)
         last = state.max_steps > 0 and state.global_step >= state.max_steps
         now = time.monotonic()
         if progress is not None and (last or "eval_loss" in logs or now - self._last_post >= self.interval):
@@ -170,6 +161,47 @@ class ProgressCallback(TrainerCallback):
     def on_train_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
         if state.is_world_process_zero:
             self.reporter.flush()
+
+    def _log_line(self, state: Any, logs: dict[str, Any], progress: Progress | None) -> None:
+        """One line per Trainer log call, by kind: a training step (loss), an evaluation, or the end of training
+        (Trainer's summary: runtime and mean loss). The numbers also go to JSON output as fields."""
+        total = state.max_steps if state.max_steps > 0 else None
+        fields: dict[str, Any] = {
+            "step": state.global_step,
+            "max_steps": total,
+            "loss": self._loss,
+            "eval_loss": self._eval_loss,
+            "learning_rate": self._lr,
+            "tokens_per_second": progress.tokens_per_second if progress else None,
+            "eta_seconds": progress.eta_seconds if progress else None,
+        }
+        extra = {output.FIELDS: {k: v for k, v in fields.items() if v is not None}}
+        if "loss" in logs:
+            eval_part = f" eval_loss {_fmt(self._eval_loss)}" if self._eval_loss is not None else ""
+            log.info(
+                "step %d/%s (%.0f%%) loss %s%s lr %s tok/s %s eta %s",
+                state.global_step,
+                total,
+                (progress.percent if progress else None) or 0.0,
+                _fmt(self._loss),
+                eval_part,
+                _fmt(self._lr),
+                _fmt(progress.tokens_per_second if progress else None),
+                _eta(progress.eta_seconds if progress else None),
+                extra=extra,
+            )
+        elif "eval_loss" in logs:
+            log.info("eval at step %d/%s: eval_loss %s", state.global_step, total, _fmt(self._eval_loss), extra=extra)
+        elif "train_runtime" in logs:
+            log.info(
+                "training done: step %d/%s in %.1f s, mean loss %s",
+                state.global_step,
+                total,
+                float(logs["train_runtime"]),
+                _fmt(logs.get("train_loss")),
+                extra=extra,
+            )
+
 
     def _progress(self, state: Any, logs: dict[str, Any]) -> Progress:
         """Step, rates and ETA from the Trainer state; rates count this process's run, not a resumed past."""
@@ -202,3 +234,38 @@ def _within(value: Any, low: float, high: float) -> float | None:
 
 def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.4g}"
+
+
+class ProgressBar(TrainerCallback):
+    """A tqdm bar over the optimizer steps, in place of transformers' (rank 0, text output, stderr a terminal:
+    `output.show_bar`); log lines are written above it by `output.ConsoleHandler`."""
+
+    def __init__(self) -> None:
+        self._bar: Any = None
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+        if state.is_world_process_zero and state.max_steps > 0:
+            from tqdm.auto import tqdm  # type: ignore[import-untyped]
+
+            self._bar = tqdm(total=state.max_steps, initial=state.global_step, unit="step", dynamic_ncols=True)
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+        if self._bar is not None:
+            self._bar.update(state.global_step - self._bar.n)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+
+def console_callbacks(trainer: Any) -> None:
+    """Trainer output as `finetune_trainer.output` wants it: transformers' PrinterCallback (a dict `print` on every
+    log, added when `disable_tqdm` is set) removed; our bar added where `output.show_bar` allows one."""
+    from transformers.trainer_callback import PrinterCallback
+    from transformers.trainer_callback import ProgressCallback as HFProgressCallback
+
+    trainer.remove_callback(PrinterCallback)
+    trainer.remove_callback(HFProgressCallback)
+    if output.show_bar(output.installed_settings()):
+        trainer.add_callback(ProgressBar())
