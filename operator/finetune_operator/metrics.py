@@ -3,21 +3,26 @@
 Holds the metric objects; handlers and the progress endpoint update them. The operator-wide series are
 labelled only by bounded sets (namespace, reason, result), so their cardinality stays flat at scale.
 
-The per-job gauges (`finetune_job_*`) are the exception: they carry the job's namespace and name, so
-each job a replica has accepted a report for adds six series there. They are set from accepted progress
-reports only (`record_progress`) and removed (`forget_job`) when the job is deleted or finishes
-(Succeeded or Failed) or is suspended, so they describe the jobs that are training now, like a
-kube-state-metrics series lives as long as its object. A finished job's curves stay in Prometheus'
-history; its last tokens-per-second does not go on counting in `sum(finetune_job_tokens_per_second)`.
-Kubeflow's training operator exports no per-job gauge at all; per-job series that outlive a job are
-what its users would not expect. Where the end of a job is not seen (a replica on standby under kopf
-peering serves reports but has no watch; a missed DELETED event), a job's series that no report has
-refreshed for `JOB_SERIES_TTL_SECONDS` are dropped before each scrape. So per replica the series are
-bounded by 6 x (jobs training now + jobs that ended within the last `JOB_SERIES_TTL_SECONDS` unseen by
-this replica): by the live jobs, not by how many jobs ever ran.
+The per-job gauges (`finetune_job_*`: loss, eval loss, tokens per second, progress ratio, ETA, attempt)
+are the exception: they carry the job's namespace and name. `JOB_SERIES.record` sets them from an
+accepted progress report only; `JOB_SERIES.job_event` (the FineTuneJob watch handler) removes them when
+the job is deleted, finishes (Succeeded, Failed) or is suspended, and the progress endpoint removes them
+when its status write finds the job gone or already finished. So they describe the jobs training now,
+the way a kube-state-metrics series lives as long as its object; a finished job's curves stay in
+Prometheus' history, and its last tokens per second does not go on counting in
+`sum(finetune_job_tokens_per_second)`. Kubeflow's training operator exports only operator-wide counters
+(no per-job series); KubeRay keeps its per-resource state gauges until the resource is deleted. These
+gauges go earlier, at the end of training, because they are rates and estimates of training in progress
+(a finished job's tokens per second and ETA are no longer true); neither project leaves a series behind
+for every job that ever ran, and neither does this one.
 
-Behind a Service, a trainer's reports land on any replica, so each replica exports the jobs it heard
-from; the dashboard (charts/finetune-operator/dashboards) aggregates `max by (namespace, job)`.
+Where a replica never sees the end of a job (one on standby under kopf peering still serves the reports
+the Service sends it, but has no watch; a DELETED event missed across a watch restart), the series that
+no report has refreshed for `JOB_SERIES_TTL_SECONDS` are dropped before each scrape (`JOB_SERIES.expire`).
+Bound, per replica: 6 x (jobs training now + jobs that ended within the last `JOB_SERIES_TTL_SECONDS`
+unseen by this replica), i.e. the live jobs, not every job that ever ran. Because a trainer's reports land
+on any replica, each replica exports the jobs it heard from; the dashboard
+(charts/finetune-operator/dashboards) takes `max by (namespace, job)`.
 """
 
 import contextlib
