@@ -18,6 +18,10 @@ from finetune_operator.handlers.state import OperatorConfig
 from finetune_operator.policy import policy_from_flags
 from finetune_operator.progress.tls import ensure_pair
 
+LOG_FORMAT = "[%(asctime)s] %(name)s [%(levelname)-8s] %(message)s"
+"""kopf's FULL format with the logger's whole name: kopf's own (`%(name)-20.20s`) cut names to 20 characters, so
+`finetune_operator.progress.server` and `finetune_operator.progress.tls` both read `finetune_operator.pr`."""
+
 
 def build_config(args: argparse.Namespace) -> OperatorConfig:
     """Flags → the config the handlers read from memo."""
@@ -47,7 +51,7 @@ def build_config(args: argparse.Namespace) -> OperatorConfig:
 def run_operator(args: argparse.Namespace) -> int:
     """Run kopf with our handlers until SIGINT/SIGTERM; 0 on a clean stop."""
     # kopf's DEBUG lines dump whole bodies (spec, env), so kopf stays at INFO even with --verbose.
-    kopf.configure(verbose=False, log_format=kopf.LogFormat.FULL)
+    kopf.configure(verbose=False, log_format=LOG_FORMAT)  # type: ignore[arg-type]  # kopf takes a format string too
     logging.getLogger("kopf").setLevel(logging.INFO if args.verbose else logging.WARNING)
     logging.getLogger("finetune_operator").setLevel(logging.DEBUG if args.verbose else logging.INFO)
     # The client's debug lines carry response bodies, TokenReview ones included (with the token).
