@@ -1,4 +1,4 @@
-"""`ftjob`: crd, render, plan, run, operator. Thin: parse arguments, call the core, print.
+"""`ftjob`: crd, render, plan, run, operator, status, watch, logs. Thin: parse arguments, call the core, print.
 
 Exit status 2 means the job file is invalid; the message names every field that is wrong. `plan`, `render` and
 `run` read the job through one function (`load_job`), which applies the operator's own rules
@@ -21,6 +21,7 @@ from finetune_api.v1alpha1.errors import InvalidSpecError
 from finetune_api.v1alpha1.resource import FineTuneJob
 from finetune_operator.policy import PodPolicy, add_policy_flags, policy_from_flags
 from finetune_operator.validation import check_job
+from finetune_operator.view.flags import add_cluster_flags
 
 EXIT_INVALID = 2
 
@@ -107,6 +108,12 @@ def _operator(args: argparse.Namespace) -> int:
     return int(run_operator(args) or 0)
 
 
+def _view(args: argparse.Namespace) -> int:
+    from finetune_operator.view.client import run
+
+    return run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ftjob", description="Fine-tune LLMs on Kubernetes (FineTuneJob).")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -165,6 +172,18 @@ def build_parser() -> argparse.ArgumentParser:
                     help="reconcile rounds in flight at once, over all jobs (default 16)")
     add_policy_flags(op)
     op.set_defaults(func=_operator)
+
+    status = sub.add_parser("status", help="show a FineTuneJob: phase, progress, plan, conditions, recent events")
+    add_cluster_flags(status)
+    status.set_defaults(func=_view)
+    watch = sub.add_parser("watch", help="follow a FineTuneJob until it Succeeded (exit 0) or Failed (exit 1)")
+    add_cluster_flags(watch)
+    watch.set_defaults(func=_view)
+    logs = sub.add_parser("logs", help="print the log of rank 0 of the job's current attempt")
+    add_cluster_flags(logs)
+    logs.add_argument("-f", "--follow", action="store_true",
+                      help="follow it, and rank 0 of the next attempt when the job restarts")
+    logs.set_defaults(func=_view)
     return parser
 
 
