@@ -4,9 +4,11 @@
 (k8s.io/kubectl/pkg/describe): a name holding anything but letters and `-` is printed as it is;
 otherwise it is split at case changes by fatih/camelcase's `Split` (runs of lower, upper, digit and
 other characters, and an upper run's last letter moves to a lower run after it: `PDFLoader` -> `PDF`,
-`Loader`), and each word is title-cased, or upper-cased when it is one of API, URL, UID, OSB, GUID.
-So `estimatedGpuMemoryGiB` read "Estimated Gpu Memory Gi B"; a name split into words must have no
-one-letter word. The splitter here is that algorithm, checked on camelcase's own examples first.
+`Loader`), and each word is upper-cased when it is one of API, URL, UID, OSB, GUID, else title-cased by
+golang.org/x/text/cases (first letter upper, the rest lower: `GPU` prints `Gpu`). So
+`estimatedGpuMemoryGiB` read "Estimated Gpu Memory Gi B"; a name split into words must have no
+one-letter word. The splitter here is that algorithm, checked on camelcase's own examples first and,
+in tests/controlplane/operator/test_operator_progress.py, against a real `kubectl describe`.
 """
 
 from collections.abc import Iterator
@@ -51,7 +53,7 @@ def describe_label(field: str) -> str:
     if any(not (char.isalpha() or char == "-") for char in field):
         return field
     words = [part for part in camelcase_split(field) if part != "_"]
-    return " ".join(w.upper() if w.upper() in COMMON_ACRONYMS else w[:1].upper() + w[1:] for w in words)
+    return " ".join(w.upper() if w.upper() in COMMON_ACRONYMS else w[:1].upper() + w[1:].lower() for w in words)
 
 
 def field_paths(node: dict[str, Any], path: str) -> Iterator[tuple[str, str]]:
@@ -102,7 +104,7 @@ def test_no_status_field_splits_into_one_letter_words() -> None:
     assert len(labels) > 30, labels  # the whole status was walked, nested objects included
     bad = {path: label for path, label in labels.items() if badly_split(path.rsplit(".", 1)[-1])}
     assert bad == {}
-    assert labels["status.plan.estimatedGPUMemory"] == "Estimated GPU Memory"
+    assert labels["status.plan.estimatedGPUMemory"] == "Estimated Gpu Memory"
     assert labels["status.progress.summary"] == "Summary"
 
 

@@ -3,19 +3,33 @@
 from __future__ import annotations
 
 import json
+import re
 import ssl
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from finetune_api.v1alpha1.status import Progress, TrainerReport
+from tests.unit.test_field_names import describe_label
 
 from ..conftest import Cluster, wait_until
 from .conftest import Operator, apply, ftj, get, items, status, wait_phase
 
 REPORT = {"progress": {"step": 7, "totalSteps": 10, "loss": 1.25, "percent": 70.0, "epoch": 0.7}}
+
+
+def field_names(value: object) -> Iterator[str]:
+    """Every key of a JSON value, nested objects and lists included."""
+    if isinstance(value, dict):
+        for key, child in value.items():
+            yield str(key)
+            yield from field_names(child)
+    elif isinstance(value, list):
+        for child in value:
+            yield from field_names(child)
 
 
 def post(operator: Operator, namespace: str, name: str, token: str | None, body: object = REPORT) -> int:
@@ -64,7 +78,14 @@ def test_progress_push_is_authenticated_per_job(cluster: Cluster, namespace: str
     header, row = wait_until(table, timeout=10, what="progress in kubectl get ftj")
     assert header.split()[:4] == ["NAME", "PHASE", "PROGRESS", "LOSS"]
     assert row.split()[:5] == ["demo", "Running", "70%", "(7/10)", "1.25"]  # the PROGRESS column: 70% (7/10)
-    assert status(cluster, namespace, "demo")["progress"]["summary"] == "70% (7/10)"
+    st = status(cluster, namespace, "demo")
+    assert st["progress"]["summary"] == "70% (7/10)"
+    assert re.fullmatch(r"\d+(\.\d)?(Gi|Mi)", st["plan"]["estimatedGPUMemory"])
+    described = cluster.kubectl("-n", namespace, "describe", "ftj", "demo").stdout
+    assert re.search(r"\n    Summary: +70% \(7/10\)\n", described), described
+    assert re.search(r"\n    Estimated Gpu Memory: +\d+(\.\d)?(Gi|Mi)\n", described), described
+    labels = {describe_label(key) for key in field_names(st)}
+    assert {label for label in labels if f" {label}:" not in described} == set()  # the splitter is kubectl's
     metrics = operator.metrics()
     assert 'finetune_progress_pushes_total{result="accepted"}' in metrics
     assert 'finetune_progress_pushes_total{result="rate_limited"}' in metrics
