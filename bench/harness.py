@@ -73,7 +73,7 @@ def base_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     for k, v in NCCL_ENV.items():
         env.setdefault(k, v)
     env.update(OFFLINE_ENV)
-    pp = [str(REPO / "operator"), str(REPO / "trainer")]
+    pp = [str(REPO / "api"), str(REPO / "operator"), str(REPO / "trainer")]
     if env.get("PYTHONPATH"):
         pp.insert(0, env["PYTHONPATH"])
     env["PYTHONPATH"] = ":".join(pp)
@@ -122,8 +122,7 @@ def render_job(job_dict: dict[str, Any], workdir: Path, *, timed: bool, trainer_
         (config_dir / name).write_text(text)
     argvs = []
     for rank in range(rendered.topology.num_machines):
-        argv = render_node_command(job, rendered.topology, main_process_host="127.0.0.1", machine_rank=str(rank),
-                                   config_dir=str(config_dir))
+        argv = render_node_command(rendered.context.on_local_node(rank))
         argv = argv[len(LAUNCHER):]  # the launch itself: the pod's launcher around it adds nothing to time
         assert argv[:2] == ["accelerate", "launch"], argv
         argv = [PY, "-m", "accelerate.commands.launch", *argv[2:]]

@@ -89,6 +89,9 @@ TRAINER_UID: Final = 65532
 TRAINER_HOME: Final = "/home/ftjob"
 TRAINER_CACHE_MOUNT: Final = f"{TRAINER_HOME}/.cache"
 TMP_MOUNT: Final = "/tmp"
+TERMINATION_GRACE_SECONDS: Final = 300
+"""The trainer pod's grace period: time to write a checkpoint on SIGTERM (the operator waits this long, and a
+minute more, for a failed attempt's pods before it calls the attempt stuck)."""
 
 # Resources.
 GPU_RESOURCE: Final = "nvidia.com/gpu"

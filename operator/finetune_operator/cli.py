@@ -67,8 +67,8 @@ def _render(args: argparse.Namespace) -> int:
     from finetune_operator.render import RenderOptions, dump_yaml, render_all
 
     policy = _policy(args)
-    options = RenderOptions(image=args.image, attempt=args.attempt, policy=policy)
-    rendered = render_all(load_job(args.job, policy), options)
+    options = RenderOptions(image=args.image, policy=policy)
+    rendered = render_all(load_job(args.job, policy), options, attempt=args.attempt)  # admits, then renders
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for name, text in rendered.files.items():
@@ -82,11 +82,12 @@ def _render(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from finetune_operator.plan import plan_job
+    from finetune_operator.admit import admit_or_raise
     from finetune_operator.planreport import format_plan
 
-    job = load_job(args.job, _policy(args))
-    print(format_plan(job, plan_job(job.spec)))
+    policy = _policy(args)
+    job = load_job(args.job, policy)
+    print(format_plan(job, admit_or_raise(job, policy).plan))
     return 0
 
 

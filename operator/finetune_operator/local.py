@@ -1,7 +1,7 @@
 """`ftjob run`: the job's node commands as local processes, exactly as the operator would render them.
 
-The job is rendered with the same `render_all` as in the cluster; only the config directory, the
-checkpoint directory and node 0's address (loopback) differ. Each "node" is the pod's command (the launcher
+The job is admitted and rendered with the same `admit` and `render` as in the cluster; only the config directory,
+the checkpoint directory and node 0's address (loopback) differ. Each "node" is the pod's command (the launcher
 around `accelerate launch`, `render/command.py`) with its machine rank, run by this interpreter; without GPUs the
 job runs on CPU (DeepSpeed's CPU accelerator, gloo). The run's exit code is what a pod's would be: a permanent
 trainer error (64-66) ends every node at once and is returned as is.
@@ -22,7 +22,8 @@ from typing import IO
 from finetune_api import constants
 from finetune_api.termination import PERMANENT_MEANINGS
 from finetune_api.v1alpha1.resource import FineTuneJob
-from finetune_operator.render import RenderOptions, render_all
+from finetune_operator.admit import admit_or_raise
+from finetune_operator.render import RenderContext, RenderOptions, render
 from finetune_operator.render.command import render_node_command
 
 
@@ -146,7 +147,9 @@ def run_locally(
     job = job.model_copy(
         update={"spec": job.spec.model_copy(update={"distributed": dist.model_copy(update={"rendezvous": rendezvous})})}
     )
-    rendered = render_all(job, RenderOptions(config_dir=str(config_dir), checkpoint_dir=str(checkpoint_dir)))
+    options = RenderOptions(config_dir=str(config_dir), checkpoint_dir=str(checkpoint_dir))
+    context = RenderContext(job, admit_or_raise(job), attempt=1, options=options)  # the job as fitted to this machine
+    rendered = render(context)
     for name, text in rendered.files.items():
         (config_dir / name).write_text(text)
     print(
@@ -174,13 +177,7 @@ def run_locally(
     procs: list[subprocess.Popen[str]] = []
     pumps: list[threading.Thread] = []
     for rank in range(rendered.topology.num_machines):
-        argv = render_node_command(
-            job,
-            rendered.topology,
-            main_process_host="127.0.0.1",
-            machine_rank=str(rank),
-            config_dir=str(config_dir),
-        )
+        argv = render_node_command(context.on_local_node(rank))
         proc = subprocess.Popen(
             local_argv(argv),
             env=env,

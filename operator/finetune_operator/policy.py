@@ -7,7 +7,8 @@ ServiceAccount, run any image, preempt system pods with a `system-*` priority cl
 taint, switch AppArmor or seccomp off through an annotation, or loosen the container's
 securityContext. `PodPolicy` is what the operator's deployment allows (`ftjob operator` flags, the
 chart's `podPolicy` values); `check_pod_policy` lists every way a job's template goes beyond it, with
-field paths, and `render_all` refuses such a job (reason `InvalidSpec`) before any child exists.
+field paths, and admission (`finetune_operator.admit`) refuses such a job (reason `InvalidSpec`) before any
+child exists.
 
 Rules that need no configuration are not here. Reserved label keys and a toleration of every taint are
 entries of the API objects' rule tables (`finetune_api.v1alpha1.rules`): the CRD states them in CEL at
@@ -80,7 +81,7 @@ def image_repository(image: str) -> str:
 
 @dataclass(frozen=True)
 class PodPolicy:
-    """What a template may ask for; hashable, because it is part of the render cache's key."""
+    """What a template may ask for; hashable, because it is part of the admission cache's key."""
 
     allowed_images: tuple[str, ...] = (image_repository(constants.DEFAULT_TRAINER_IMAGE),)
     """`spec.template.image`: repositories (any tag or digest of them), prefixes ending in `/`, or `*`.

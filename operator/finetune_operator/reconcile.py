@@ -1,8 +1,10 @@
 """Pure reconciliation: desired children of a job versus what was observed, as a list of actions.
 
-`reconcile(job, observed, now, options)` asks `compute_status` what state the job is in, renders
-that attempt's children and answers which to create, delete or (un)suspend, when to look again,
-and whether the job itself is due for deletion (TTL). The same inputs always give the same
+`reconcile(job, observed, now, options)` runs one round in three steps, each once: admit the job
+(`finetune_operator.admit`: valid? which memory plan?), ask `compute_status` what state it is in and
+which attempt is current, then render that attempt's children (`finetune_operator.render`) and answer
+which to create, delete or (un)suspend, when to look again, and whether the job itself is due for
+deletion (TTL). A finished or invalid job is never rendered. The same inputs always give the same
 actions, so a restarted operator or a duplicate event never duplicates a child. It must not do
 I/O or import kopf or a Kubernetes client; `handlers` applies the actions.
 
@@ -27,7 +29,8 @@ from finetune_api import constants
 from finetune_api.v1alpha1.errors import InvalidSpecError
 from finetune_api.v1alpha1.resource import FineTuneJob
 from finetune_api.v1alpha1.status import TERMINAL_PHASES, FineTuneJobStatus
-from finetune_operator.render import Rendered, RenderOptions, render_or_errors
+from finetune_operator.admit import Admitter, admit
+from finetune_operator.render import RenderContext, Rendered, RenderOptions, render
 from finetune_operator.render.names import attempt_job_name
 from finetune_operator.status import (
     STUCK_AFTER,
@@ -42,8 +45,8 @@ TEMPLATE_HASH = f"{constants.GROUP}/template-hash"
 Claim = Literal["ours", "namesake", "foreign"]
 NAMESAKE_WAIT_SECONDS = (1.0, 30.0)
 """A deleted namesake's leftover is looked at again after 1 s, up to 30 s while a finalizer holds it."""
-Renderer = Callable[[FineTuneJob, RenderOptions], Rendered | InvalidSpecError]
-"""`render_or_errors`, or a memo of it (the operator's `RenderCache`)."""
+Renderer = Callable[[RenderContext], Rendered]
+"""`render` (tests inject a wrapper to count or inspect the renderings)."""
 
 
 @dataclass(frozen=True)
@@ -188,30 +191,29 @@ def desired_suspend(job: FineTuneJob) -> bool | None:
     return False
 
 
-def _render_guess(
-    job: FineTuneJob, options: RenderOptions, render: Renderer
-) -> tuple[int, Rendered | InvalidSpecError | None]:
-    """Render once for the attempt the job is most likely on (its current one); nothing for a finished job."""
-    if job.status.phase in TERMINAL_PHASES:
-        return 0, None
-    attempt = max(job.status.attempt, 1)
-    return attempt, render(job, replace(options, attempt=attempt))
-
-
 def reconcile(
-    job: FineTuneJob, observed: Observed, now: datetime, options: RenderOptions, render: Renderer = render_or_errors
+    job: FineTuneJob,
+    observed: Observed,
+    now: datetime,
+    options: RenderOptions,
+    *,
+    admitter: Admitter = admit,
+    renderer: Renderer = render,
 ) -> Actions:
-    """Everything needed to move the cluster toward the job's spec."""
-    guessed, rendered_guess = _render_guess(job, options, render)
-    result = compute_status(job, observed, now, rendered=rendered_guess)
+    """Everything needed to move the cluster toward the job's spec.
+
+    `admitter`: `admit` or the operator's `AdmissionCache` (called once, with the options' pod policy);
+    `renderer`: `render`, called at most once, for the attempt the status decided.
+    """
+    admission = admitter(job, options.policy)
+    result = compute_status(job, observed, now, admission)
     status = result.status
     if status.phase in TERMINAL_PHASES:
         return _terminal(job, observed, result, now)
+    if isinstance(admission, InvalidSpecError):  # unreachable: compute_status fails an invalid job
+        raise RuntimeError(f"{job.name}: an invalid job is not terminal")
     attempt = status.attempt
-    # Only a restart moves to another attempt; then the Job (name, rendezvous host) is rendered again.
-    rendered = rendered_guess if attempt == guessed else render(job, replace(options, attempt=attempt))
-    if not isinstance(rendered, Rendered):  # unreachable: an invalid spec or a finished job returned above
-        raise RuntimeError(f"{job.name}: no rendering for an active job")
+    rendered = renderer(RenderContext(job, admission, attempt, options))
     apply = []
     if observed.config_map != rendered.config_map["data"]:
         apply.append(owned(rendered.config_map, job, observed.config_map_uid))
@@ -227,7 +229,7 @@ def reconcile(
             attempt, attempt_job_name(job, attempt), suspended=bool(attempt_job["spec"].get("suspend"))
         )
         after = replace(observed, attempts={**observed.attempts, attempt: new})
-        result = compute_status(job, after, now, rendered=rendered)
+        result = compute_status(job, after, now, admission)
         status = result.status
     stale = [a.name for n, a in sorted(observed.attempts.items()) if n < attempt and not a.deleting]
     suspend: dict[str, bool] = {}

@@ -1,11 +1,15 @@
 """Pure status: fold what the operator observed (the attempt Jobs and their pods) into the status.
 
-`compute_status(job, observed, now)` is the one place that decides the phase, the attempt number
-and every condition (`PodsHealthy` from the pods' problems, as `health` reads them); `reconcile`
+`compute_status(job, observed, now, admission)` is the one place that decides the phase, the attempt
+number and every condition (`PodsHealthy` from the pods' problems, as `health` reads them); `reconcile`
 turns its answer into child actions, the handlers write it and post its transitions as events. It
 owns the restart, permanent-error, deadline, suspend and Kueue rules. It must not do I/O, log, or
 import kopf, a Kubernetes client or an HTTP library: it returns reasons and messages instead.
 Terminal phases (Succeeded, Failed) are sticky.
+
+It reads the job's admission (`finetune_operator.admit`: the memory plan, or the InvalidSpecError that fails the
+job) and never renders: the attempt it decides is what `reconcile` renders next, so the renderers come after it
+(an import-linter contract keeps `finetune_operator.render` out of this module).
 """
 
 from collections.abc import Mapping
@@ -18,12 +22,12 @@ from finetune_api.termination import PERMANENT_MEANINGS, TerminationRecord
 from finetune_api.v1alpha1.errors import InvalidSpecError
 from finetune_api.v1alpha1.resource import FineTuneJob
 from finetune_api.v1alpha1.status import TERMINAL_PHASES, Condition, FineTuneJobStatus, Phase, PlanSummary
+from finetune_operator.admit import Admission
 from finetune_operator.health import PodProblem, PodsHealth, pods_health
+from finetune_operator.plan import Plan
 from finetune_operator.planreport import memory_quantity
-from finetune_operator.render import Rendered, render_or_errors
-from finetune_operator.render.workload import TERMINATION_GRACE_SECONDS
 
-STUCK_AFTER = timedelta(seconds=TERMINATION_GRACE_SECONDS + 60)
+STUCK_AFTER = timedelta(seconds=constants.TERMINATION_GRACE_SECONDS + 60)
 FAIL_JOB_REASON = "PodFailurePolicy"
 """The Job controller's reason for a Job failed by a podFailurePolicy FailJob rule; the attempt Job's only such
 rule is the trainer's permanent exit codes (render/workload.py), so this reason alone means "permanent"."""
@@ -267,13 +271,8 @@ def _conditions(
     return conditions
 
 
-def _plan_or_errors(job: FineTuneJob, rendered: Rendered | InvalidSpecError | None) -> PlanSummary | InvalidSpecError:
-    """The plan summary from the caller's rendering when it has one (rendering is most of a reconcile's CPU)."""
-    if rendered is None:
-        rendered = render_or_errors(job)
-    if isinstance(rendered, InvalidSpecError):
-        return rendered
-    plan = rendered.plan
+def plan_summary(plan: Plan) -> PlanSummary:
+    """What `status.plan` says of the memory planner's choice."""
     return PlanSummary.model_validate(
         {
             "zeroStage": plan.strategy.zero_stage,
@@ -284,21 +283,18 @@ def _plan_or_errors(job: FineTuneJob, rendered: Rendered | InvalidSpecError | No
     )
 
 
-def compute_status(
-    job: FineTuneJob, observed: Observed, now: datetime, *, rendered: Rendered | InvalidSpecError | None = None
-) -> StatusResult:
+def compute_status(job: FineTuneJob, observed: Observed, now: datetime, admission: Admission) -> StatusResult:
     """The job's next status and the transitions since the previous one.
 
-    `rendered`: the job already rendered (any options) or its InvalidSpecError; rendered here when None.
+    `admission`: the job's `admit` answer (under the operator's pod policy); an InvalidSpecError fails the job.
     """
     prev = job.status
     generation = job.metadata.generation
     if prev.phase in TERMINAL_PHASES:
         return StatusResult(prev.model_copy(update={"ready_nodes": 0}), [])
-    plan = _plan_or_errors(job, rendered)
-    if isinstance(plan, InvalidSpecError):
-        fields = ", ".join(sorted({e.path for e in plan.errors}))
-        v = _Verdict("Failed", "InvalidSpec", f"invalid spec ({fields}): {plan}"[:32768], prev.attempt)
+    if isinstance(admission, InvalidSpecError):
+        fields = ", ".join(sorted({e.path for e in admission.errors}))
+        v = _Verdict("Failed", "InvalidSpec", f"invalid spec ({fields}): {admission}"[:32768], prev.attempt)
         status = prev.model_copy(
             update={
                 "phase": "Failed",
@@ -326,7 +322,7 @@ def compute_status(
             "completion_time": now if v.phase in TERMINAL_PHASES else None,
             "ready_nodes": current.ready if current is not None and v.phase not in TERMINAL_PHASES else 0,
             "nodes": job.spec.distributed.nodes,
-            "plan": plan,
+            "plan": plan_summary(admission.plan),
             "restarts": v.attempt - 1,
             "message": v.message,
         }

@@ -14,8 +14,8 @@ same words. The rules come from four places, kept apart because they differ in w
    moving one into its object's table would make `kubectl apply` refuse it.
 4. The operator's pod policy (`finetune_operator.policy`), which depends on the operator's flags.
 
-The memory planner's rules (`zeroStage: auto` must fit) are `render`'s: they need the plan. Pure: no I/O,
-no Kubernetes.
+The memory planner's rules (`zeroStage: auto` must fit) are admission's (`finetune_operator.admit`), after these.
+Pure: no I/O, no Kubernetes.
 """
 
 from collections.abc import Callable

@@ -133,9 +133,7 @@ def start_node(run_dir: Path, trainer_env: dict[str, str], *, max_restarts: int,
     rendered = render_all(job, RenderOptions(config_dir=str(config_dir), checkpoint_dir=str(checkpoints)))
     for name, text in rendered.files.items():
         (config_dir / name).write_text(text)
-    argv = render_node_command(
-        job, rendered.topology, main_process_host="127.0.0.1", machine_rank="0", config_dir=str(config_dir)
-    )
+    argv = render_node_command(rendered.context.on_local_node(0))
     assert argv[: len(LAUNCHER)] == list(LAUNCHER) and argv[len(LAUNCHER)] == "accelerate"
     argv[0] = sys.executable
     node_env = {

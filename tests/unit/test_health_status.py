@@ -6,12 +6,14 @@ from typing import Any
 
 from finetune_api.v1alpha1.resource import FineTuneJob
 from finetune_api.v1alpha1.status import FineTuneJobStatus
+from finetune_operator.admit import admit
 from finetune_operator.handlers.indexes import summarize_pod
 from finetune_operator.health import PodProblem
 from finetune_operator.status import (
     AttemptObserved,
     Observed,
     PodObserved,
+    StatusResult,
     compute_status,
     failure_cause,
     only_details_changed,
@@ -22,6 +24,12 @@ from tests.unit.test_health import EVICTED, EVICTION_MESSAGE, GPU_MESSAGE, PVC_M
 NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 STUCK = PodProblem("Unschedulable", GPU_MESSAGE)
 OOM = PodProblem("OOMKilled", "container trainer was killed for using more than its memory limit of 64Gi")
+
+
+
+def status_of(job: FineTuneJob, observed: Observed, now: datetime) -> StatusResult:
+    """`compute_status` with the job's admission under the default pod policy, as `reconcile` passes it."""
+    return compute_status(job, observed, now, admit(job))
 
 
 def ftj(status: dict[str, Any] | None = None, **run_policy: Any) -> FineTuneJob:
@@ -42,7 +50,7 @@ def condition(status: FineTuneJobStatus, ctype: str = "PodsHealthy") -> tuple[st
 
 def test_unschedulable_pods_show_on_the_job_with_the_schedulers_message() -> None:
     pods = (PodObserved("demo-1-0", problem=STUCK), PodObserved("demo-1-1", problem=STUCK))
-    status = compute_status(ftj(), observed(*pods), NOW).status
+    status = status_of(ftj(), observed(*pods), NOW).status
     assert status.phase == "Pending"
     message = f"pods demo-1-0, demo-1-1: Unschedulable: {GPU_MESSAGE}"
     assert condition(status) == ("False", "Unschedulable", message)
@@ -50,35 +58,35 @@ def test_unschedulable_pods_show_on_the_job_with_the_schedulers_message() -> Non
 
 
 def test_the_condition_clears_when_the_problem_goes_and_keeps_its_transition_time_otherwise() -> None:
-    stuck = compute_status(ftj(), observed(PodObserved("demo-1-0", problem=STUCK)), NOW).status
+    stuck = status_of(ftj(), observed(PodObserved("demo-1-0", problem=STUCK)), NOW).status
     later = NOW.replace(minute=5)
-    again = compute_status(ftj(stuck.to_dict()), observed(PodObserved("demo-1-0", problem=STUCK)), later).status
+    again = status_of(ftj(stuck.to_dict()), observed(PodObserved("demo-1-0", problem=STUCK)), later).status
     assert next(c for c in again.conditions if c.type == "PodsHealthy").last_transition_time == NOW
     running = (PodObserved("demo-1-0", "Running", ready=True), PodObserved("demo-1-1", "Running", ready=True))
-    healed = compute_status(ftj(again.to_dict()), observed(*running), later).status
+    healed = status_of(ftj(again.to_dict()), observed(*running), later).status
     assert condition(healed) == ("True", "PodsHealthy", "no pod of the current attempt shows a problem")
     assert next(c for c in healed.conditions if c.type == "PodsHealthy").last_transition_time == later
     assert healed.phase == "Running" and healed.message == "attempt 1: 2/2 node(s) running"
 
 
 def test_no_condition_before_the_first_pod() -> None:
-    assert condition(compute_status(ftj(), observed(), NOW).status) is None
-    assert condition(compute_status(ftj(), Observed(), NOW).status) is None
+    assert condition(status_of(ftj(), observed(), NOW).status) is None
+    assert condition(status_of(ftj(), Observed(), NOW).status) is None
 
 
 def test_a_message_only_change_is_a_detail_and_a_new_problem_is_news() -> None:
-    stuck = compute_status(ftj(), observed(PodObserved("demo-1-0", problem=STUCK)), NOW).status.to_dict()
+    stuck = status_of(ftj(), observed(PodObserved("demo-1-0", problem=STUCK)), NOW).status.to_dict()
     other = PodProblem("Unschedulable", PVC_MESSAGE)
-    moved = compute_status(ftj(stuck), observed(PodObserved("demo-1-0", problem=other)), NOW).status.to_dict()
+    moved = status_of(ftj(stuck), observed(PodObserved("demo-1-0", problem=other)), NOW).status.to_dict()
     assert moved != stuck and only_details_changed(stuck, moved)  # written within the batching second
     pulling = PodProblem("ErrImagePull", 'container trainer, image "x": failed')
-    pull = compute_status(ftj(stuck), observed(PodObserved("demo-1-0", problem=pulling)), NOW).status.to_dict()
+    pull = status_of(ftj(stuck), observed(PodObserved("demo-1-0", problem=pulling)), NOW).status.to_dict()
     assert not only_details_changed(stuck, pull)  # another reason: written at once
 
 
 def test_an_oom_kill_that_fails_the_job_names_the_container_and_its_limit() -> None:
     pod = PodObserved("demo-1-0", "Failed", exit_code=137, reason="OOMKilled", problem=OOM)
-    result = compute_status(ftj(backoffLimit=0), observed(pod, failed=True), NOW)
+    result = status_of(ftj(backoffLimit=0), observed(pod, failed=True), NOW)
     status = result.status
     assert status.phase == "Failed"
     failed = condition(status, "Failed")
@@ -90,7 +98,7 @@ def test_an_oom_kill_that_fails_the_job_names_the_container_and_its_limit() -> N
 
 def test_while_restarting_the_failed_attempts_problem_stays_in_view() -> None:
     pod = PodObserved("demo-1-0", "Failed", exit_code=137, reason="OOMKilled", problem=OOM)
-    status = compute_status(ftj(), observed(pod, failed=True), NOW).status
+    status = status_of(ftj(), observed(pod, failed=True), NOW).status
     assert (status.phase, status.attempt) == ("Restarting", 2)
     assert condition(status) == ("False", "OOMKilled", f"pod demo-1-0: {OOM.text}")
     assert status.message == (

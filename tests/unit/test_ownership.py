@@ -10,11 +10,13 @@ import pytest
 from finetune_api import constants
 from finetune_api.v1alpha1.resource import FineTuneJob
 from finetune_api.v1alpha1.status import FineTuneJobStatus
+from finetune_operator.admit import admit
 from finetune_operator.reconcile import claim, holder, namesake_wait, reconcile
 from finetune_operator.render import RenderOptions, render_all
 from finetune_operator.status import (
     AttemptObserved,
     Observed,
+    StatusResult,
     child_conflict,
     compute_status,
     field_conflict_message,
@@ -24,6 +26,12 @@ from tests.builders import job_body
 
 NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 OPTIONS = RenderOptions(image="trainer:test")
+
+
+
+def status_of(job: FineTuneJob, observed: Observed, now: datetime) -> StatusResult:
+    """`compute_status` with the job's admission under the default pod policy, as `reconcile` passes it."""
+    return compute_status(job, observed, now, admit(job))
 
 
 def ftj(status: dict[str, Any] | None = None, **run_policy: Any) -> FineTuneJob:
@@ -121,7 +129,7 @@ def test_a_name_conflict_fails_the_job_for_good() -> None:
     assert [(t.type, t.reason) for t in result.transitions] == [("Warning", "NameConflict")]
     # Sticky: the next rounds keep it, create nothing and post nothing.
     failed_job = ftj(status=st.to_dict(exclude_none=True))
-    later = compute_status(failed_job, Observed(), NOW + timedelta(minutes=5))
+    later = status_of(failed_job, Observed(), NOW + timedelta(minutes=5))
     assert later.status.phase == "Failed" and later.transitions == []
     actions = reconcile(failed_job, Observed(), NOW + timedelta(minutes=5), OPTIONS)
     assert (actions.apply, actions.create, actions.delete_jobs) == ([], [], [])

@@ -1,6 +1,5 @@
 """reconcile: desired children versus observed ones → the actions the handlers apply."""
 
-from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -8,9 +7,10 @@ import pytest
 
 from finetune_api.v1alpha1.resource import FineTuneJob
 from finetune_api.v1alpha1.status import FineTuneJobStatus
+from finetune_operator.admit import Admission, AdmissionCache, admit
+from finetune_operator.policy import PodPolicy
 from finetune_operator.reconcile import Actions, reconcile
-from finetune_operator.render import RenderOptions, render_all, render_or_errors
-from finetune_operator.render.cache import RenderCache
+from finetune_operator.render import RenderContext, Rendered, RenderOptions, render, render_all
 from finetune_operator.status import AttemptObserved, Observed, PodObserved
 from tests.builders import job_body
 
@@ -118,23 +118,64 @@ def test_the_same_state_always_gives_the_same_actions() -> None:
     assert reconcile(ftj(), observed, NOW, OPTIONS) == reconcile(ftj(), observed, NOW, OPTIONS)
 
 
-def test_a_steady_job_is_rendered_once_and_a_restart_renders_the_new_attempt() -> None:
-    calls: list[int] = []
+class Counting:
+    """The real admission and renderer, recording each call: the admitted job's generation, the rendered attempt."""
 
-    def counting(job: FineTuneJob, options: RenderOptions) -> Any:
-        calls.append(options.attempt)
-        return render_or_errors(job, options)
+    def __init__(self, admitter: Any = admit) -> None:
+        self.admitter = admitter
+        self.admitted: list[int | None] = []
+        self.rendered: list[int] = []
 
+    def admit(self, job: FineTuneJob, policy: PodPolicy) -> Admission:
+        self.admitted.append(job.metadata.generation)
+        return self.admitter(job, policy)  # type: ignore[no-any-return]
+
+    def render(self, ctx: RenderContext) -> Rendered:
+        self.rendered.append(ctx.attempt)
+        return render(ctx)
+
+    def round(self, job: FineTuneJob, observed: Observed) -> Actions:
+        return reconcile(job, observed, NOW, OPTIONS, admitter=self.admit, renderer=self.render)
+
+
+ROUNDS = [
+    # (what happens, job, observed, attempts rendered)
+    ("a new job renders attempt 1", ftj(), seen(children=False), [1]),
+    ("a steady job renders its current attempt", ftj(status={"phase": "Running", "attempt": 1}),
+     seen(AttemptObserved(1, "demo-1", pods=RUNNING)), [1]),
+    ("a restart renders only the next attempt", ftj(status={"phase": "Running", "attempt": 1}),
+     seen(AttemptObserved(1, "demo-1", failed=True, pods=LOST)), [2]),
+    ("an attempt left behind is not rendered", ftj(status={"attempt": 2}),
+     seen(AttemptObserved(1, "demo-1", failed=True), AttemptObserved(2, "demo-2")), [2]),
+    ("a job that fails now renders nothing", ftj(status={"attempt": 3}),
+     seen(AttemptObserved(3, "demo-3", failed=True, pods=LOST)), []),
+    ("a finished job renders nothing", ftj(status={"phase": "Succeeded", "attempt": 1}),
+     seen(AttemptObserved(1, "demo-1", complete=True)), []),
+    ("an invalid job renders nothing", FineTuneJob.from_body(job_body(name="demo", overrides={"train_batch_size": 7})),
+     Observed(), []),
+]
+
+
+@pytest.mark.parametrize(("job", "observed", "attempts"), [r[1:] for r in ROUNDS], ids=[r[0] for r in ROUNDS])
+def test_a_round_admits_once_and_renders_at_most_once_for_the_attempt_the_status_chose(
+    job: FineTuneJob, observed: Observed, attempts: list[int]
+) -> None:
+    counting = Counting()
+    actions = counting.round(job, observed)
+    assert counting.admitted == [job.metadata.generation]
+    assert counting.rendered == attempts
+    if attempts:
+        assert actions.status.attempt == attempts[0]
+
+
+def test_a_restart_creates_the_next_attempts_job_as_rendered_for_it() -> None:
     running = ftj(status={"phase": "Running", "attempt": 1})
-    reconcile(running, seen(AttemptObserved(1, "demo-1", pods=RUNNING)), NOW, OPTIONS, counting)
-    assert calls == [1]
-    calls.clear()
-    restart = reconcile(running, seen(AttemptObserved(1, "demo-1", failed=True, pods=LOST)), NOW, OPTIONS, counting)
-    assert calls == [1, 2]
-    expected = render_all(running, replace(OPTIONS, attempt=2)).job
+    restart = reconcile(running, seen(AttemptObserved(1, "demo-1", failed=True, pods=LOST)), NOW, OPTIONS)
+    expected = render_all(running, OPTIONS, attempt=2).job
     assert {k: v for k, v in restart.create[0].items() if k != "metadata"} == {
         k: v for k, v in expected.items() if k != "metadata"
     }
+    assert expected["metadata"]["name"] == restart.create[0]["metadata"]["name"] == "demo-2"
 
 
 def test_a_new_jobs_first_status_already_counts_the_job_it_creates() -> None:
@@ -156,13 +197,19 @@ def test_a_restart_still_reports_restarting_with_the_cause() -> None:
     assert [(t.type, t.reason) for t in restart.transitions] == [("Warning", "NodeLost")]
 
 
-def test_with_a_render_cache_the_rounds_of_a_steady_job_render_it_once() -> None:
-    cache = RenderCache()
+def test_with_an_admission_cache_a_job_is_admitted_once_per_generation() -> None:
+    cache = AdmissionCache()
+    counting = Counting(cache)
     pending = ftj(status={"phase": "Pending", "attempt": 1})
     rounds = [seen(AttemptObserved(1, "demo-1")), seen(AttemptObserved(1, "demo-1", pods=RUNNING))]
-    cached = [reconcile(pending, observed, NOW, OPTIONS, cache) for observed in rounds * 2]
+    cached = [counting.round(pending, observed) for observed in rounds * 2]
     assert (cache.misses, cache.hits) == (1, 3)
+    assert counting.rendered == [1, 1, 1, 1]  # rendering is per round: the attempt comes from the status
     assert cached == [reconcile(pending, observed, NOW, OPTIONS) for observed in rounds * 2]
+    edited = pending.model_copy(update={"metadata": pending.metadata.model_copy(update={"generation": 2})})
+    counting.round(edited, rounds[0])
+    assert (cache.misses, cache.hits) == (2, 3)
+    assert counting.admitted == [1, 1, 1, 1, 2]
 
 
 def test_deadline_and_ttl_ask_for_a_wake_up() -> None:

@@ -7,11 +7,25 @@ import pytest
 
 from finetune_api.v1alpha1.resource import FineTuneJob
 from finetune_api.v1alpha1.status import FineTuneJobStatus
-from finetune_operator.status import AttemptObserved, Observed, PodObserved, compute_status, only_details_changed
+from finetune_operator.admit import admit
+from finetune_operator.status import (
+    AttemptObserved,
+    Observed,
+    PodObserved,
+    StatusResult,
+    compute_status,
+    only_details_changed,
+)
 from tests.builders import job_body
 
 NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 EARLIER = NOW - timedelta(minutes=10)
+
+
+
+def status_of(job: FineTuneJob, observed: Observed, now: datetime) -> StatusResult:
+    """`compute_status` with the job's admission under the default pod policy, as `reconcile` passes it."""
+    return compute_status(job, observed, now, admit(job))
 
 
 def ftj(
@@ -90,14 +104,14 @@ CASES = [
 def test_phase_reason_attempt(
     job_kwargs: dict[str, Any], attempts: dict[int, AttemptObserved], expected: tuple[Any, ...]
 ) -> None:
-    result = compute_status(ftj(**job_kwargs), Observed(attempts=attempts), NOW)
+    result = status_of(ftj(**job_kwargs), Observed(attempts=attempts), NOW)
     status = result.status
     assert (status.phase, result.reason, status.attempt, status.restarts) == expected
 
 
 def test_invalid_spec_fails_naming_the_field() -> None:
     body = job_body(name="demo", overrides={"zero_optimization": {"stage": 2}})
-    result = compute_status(FineTuneJob.from_body(body), Observed(), NOW)
+    result = status_of(FineTuneJob.from_body(body), Observed(), NOW)
     assert (result.status.phase, result.invalid, result.reason) == ("Failed", True, "InvalidSpec")
     assert result.status.conditions[-1].reason == "InvalidSpec"
     assert "spec.distributed.deepspeed.overrides.zero_optimization.stage" in (result.status.message or "")
@@ -107,16 +121,16 @@ def test_invalid_spec_fails_naming_the_field() -> None:
 def test_a_second_pass_over_the_same_state_changes_nothing() -> None:
     job = ftj()
     observed = Observed(attempts={1: attempt(1, pods=RUNNING)})
-    first = compute_status(job, observed, EARLIER)
-    second = compute_status(job.model_copy(update={"status": first.status}), observed, NOW)
+    first = status_of(job, observed, EARLIER)
+    second = status_of(job.model_copy(update={"status": first.status}), observed, NOW)
     assert second.status == first.status
     assert second.transitions == []
 
 
 def test_running_records_start_time_and_suspend_clears_it() -> None:
-    running = compute_status(ftj(), Observed(attempts={1: attempt(1, pods=RUNNING)}), EARLIER).status
+    running = status_of(ftj(), Observed(attempts={1: attempt(1, pods=RUNNING)}), EARLIER).status
     assert running.start_time == EARLIER
-    suspended = compute_status(
+    suspended = status_of(
         ftj(status=running.to_dict(), suspend=True), Observed(attempts={1: attempt(1, suspended=True)}), NOW
     ).status
     assert (suspended.phase, suspended.start_time) == ("Suspended", None)
@@ -125,34 +139,34 @@ def test_running_records_start_time_and_suspend_clears_it() -> None:
 
 
 def test_resume_flips_the_suspended_condition_to_false() -> None:
-    prev = compute_status(ftj(suspend=True), Observed(attempts={1: attempt(1, suspended=True)}), EARLIER).status
-    resumed = compute_status(ftj(status=prev.to_dict()), Observed(attempts={1: attempt(1, pods=RUNNING)}), NOW).status
+    prev = status_of(ftj(suspend=True), Observed(attempts={1: attempt(1, suspended=True)}), EARLIER).status
+    resumed = status_of(ftj(status=prev.to_dict()), Observed(attempts={1: attempt(1, pods=RUNNING)}), NOW).status
     cond = next(c for c in resumed.conditions if c.type == "Suspended")
     assert (resumed.phase, cond.status, cond.reason, resumed.start_time) == ("Running", "False", "Resumed", NOW)
 
 
 def test_restart_message_names_the_lost_pod_and_node() -> None:
-    result = compute_status(ftj(), Observed(attempts={1: attempt(1, failed=True, pods=LOST)}), NOW)
+    result = status_of(ftj(), Observed(attempts={1: attempt(1, failed=True, pods=LOST)}), NOW)
     assert result.transitions[0].type == "Warning"
     assert "demo-1-0" in result.transitions[0].message and "kwok-gpu-1" in result.transitions[0].message
     assert "attempt 2" in result.transitions[0].message
 
 
 def test_permanent_error_message_explains_the_exit_code() -> None:
-    status = compute_status(ftj(), Observed(attempts={1: attempt(1, failed=True, pods=PERMANENT)}), NOW).status
+    status = status_of(ftj(), Observed(attempts={1: attempt(1, failed=True, pods=PERMANENT)}), NOW).status
     assert "65" in (status.message or "") and "dataset" in (status.message or "")
     assert status.completion_time == NOW
 
 
 def test_plan_is_reported() -> None:
-    status = compute_status(ftj(), Observed(), NOW).status
+    status = status_of(ftj(), Observed(), NOW).status
     assert status.plan is not None and status.plan.zero_stage in (0, 1, 2, 3)
     assert status.observed_generation == 3 and status.nodes == 2
 
 
 def test_the_culprit_is_named_not_the_pod_stopped_because_of_it() -> None:
     pods_ = (PodObserved("demo-1-0", "Failed", exit_code=143), PodObserved("demo-1-1", "Failed", exit_code=1))
-    result = compute_status(ftj(), Observed(attempts={1: attempt(1, failed=True, pods=pods_)}), NOW)
+    result = status_of(ftj(), Observed(attempts={1: attempt(1, failed=True, pods=pods_)}), NOW)
     assert "demo-1-1" in result.transitions[0].message and "demo-1-0" not in result.transitions[0].message
 
 

@@ -104,7 +104,8 @@ async def _reconcile_once(state: OperatorState, key: Key, reread: bool = False) 
         job.metadata.uid, *(_entries(state, n, key) for n in ("ftj_jobs", "ftj_pods", "ftj_configmaps", "ftj_services"))
     )
     now = datetime.now(UTC).replace(microsecond=0)
-    actions = reconcile(job, observed, now, state.config.render_options(job.namespace, job.name), state.renders)
+    options = state.config.render_options(job.namespace, job.name)
+    actions = reconcile(job, observed, now, options, admitter=state.admissions)
     created: list[Created] = []
     try:
         await _apply(state, job, actions, created)

@@ -10,11 +10,11 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
+from finetune_operator.admit import AdmissionCache
 from finetune_operator.handlers.kube import Kube
 from finetune_operator.policy import PodPolicy
 from finetune_operator.progress.auth import Authenticator
 from finetune_operator.render import RenderOptions
-from finetune_operator.render.cache import RenderCache
 from finetune_operator.runtime import Bodies, Key, PeeringGate, Triggers, Wakeups, WorkQueue
 
 
@@ -65,7 +65,8 @@ class OperatorState:
     wakeups: Wakeups = field(default_factory=Wakeups)
     status_written: dict[Key, float] = field(default_factory=dict)
     """When each job's status was last written (monotonic clock), to batch ready-count changes."""
-    renders: RenderCache = field(default_factory=RenderCache)
+    admissions: AdmissionCache = field(default_factory=AdmissionCache)
+    """Each job's admission (validity and memory plan) per spec generation: `reconcile` admits once a round."""
     progress_auth: Authenticator | None = None
     """The progress endpoint's token checker (set by `configure`): told when a trainer pod goes."""
     queue: WorkQueue = field(init=False)

@@ -9,20 +9,23 @@ does not take them from its config file, so the node command passes them as flag
 
 from typing import Any
 
-from finetune_api.v1alpha1.resource import FineTuneJob
-from finetune_operator.plan import Plan
-from finetune_operator.render.topology import Topology
+from finetune_api import constants
+from finetune_operator.render.context import RenderContext
+from finetune_operator.render.deepspeed import render_deepspeed
+from finetune_operator.render.topology import compute_topology
 
 
-def render_accelerate(
-    job: FineTuneJob, plan: Plan, topology: Topology, *, deepspeed_json_path: str | None
-) -> dict[str, Any]:
-    """The accelerate config for every node of the job (machine rank and host come from the command);
-    `deepspeed_json_path` is where deepspeed.json is mounted, None when DeepSpeed is off."""
-    spec = job.spec
+def render_accelerate(ctx: RenderContext) -> dict[str, Any]:
+    """The accelerate config for every node of the job (machine rank and host come from the command); with
+    DeepSpeed on, it points at deepspeed.json in the config directory."""
+    spec = ctx.job.spec
     training = spec.training
     ds = spec.distributed.deepspeed
-    strategy = plan.strategy
+    strategy = ctx.plan.strategy
+    topology = compute_topology(ctx)
+    deepspeed_json_path = (
+        f"{ctx.options.config_dir}/{constants.DEEPSPEED_FILE}" if render_deepspeed(ctx) is not None else None
+    )
     config: dict[str, Any] = {
         "compute_environment": "LOCAL_MACHINE",
         "debug": False,

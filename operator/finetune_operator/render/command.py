@@ -13,23 +13,21 @@ ignores them in its YAML. The machine rank is the Indexed Job's completion index
 from typing import Final
 
 from finetune_api import constants
-from finetune_api.v1alpha1.resource import FineTuneJob
-from finetune_operator.render.topology import Topology
+from finetune_operator.render import names
+from finetune_operator.render.context import RenderContext
+from finetune_operator.render.topology import compute_topology
 
 _TIMEOUT_KEY = {"c10d": "join_timeout", "static": "timeout"}
 LAUNCHER: Final = ("python", "-m", "finetune_trainer.launch", "--")
 """The launcher in front of `accelerate launch`; `ftjob run` points `python` at its own interpreter."""
 
 
-def render_node_command(
-    job: FineTuneJob,
-    topology: Topology,
-    *,
-    main_process_host: str,
-    machine_rank: str = f"$({constants.ENV_COMPLETION_INDEX})",
-    config_dir: str = constants.CONFIG_MOUNT,
-) -> list[str]:
-    """argv of one node; `machine_rank` is an expansion in a pod and a number in a local run."""
+def render_node_command(ctx: RenderContext) -> list[str]:
+    """argv of one node; the options' machine rank is an expansion in a pod and a number in a local run
+    (`RenderContext.on_local_node`)."""
+    job, options, topology = ctx.job, ctx.options, compute_topology(ctx)
+    config_dir = options.config_dir
+    main_process_host = options.main_process_host or names.main_process_host(job, ctx.attempt)
     rdzv = job.spec.distributed.rendezvous
     return [
         *LAUNCHER,
@@ -42,7 +40,7 @@ def render_node_command(
         "--num_processes",
         str(topology.num_processes),
         "--machine_rank",
-        machine_rank,
+        options.machine_rank,
         "--main_process_ip",
         main_process_host,
         "--main_process_port",

@@ -9,8 +9,7 @@ trainer.json can never disagree. `distributed.deepspeed.overrides` is merged las
 
 from typing import Any
 
-from finetune_api.v1alpha1.resource import FineTuneJob
-from finetune_operator.plan import Plan
+from finetune_operator.render.context import RenderContext
 
 
 def _offload(device: str, nvme_path: str | None) -> dict[str, Any]:
@@ -31,10 +30,10 @@ def deep_merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any
     return merged
 
 
-def render_deepspeed(job: FineTuneJob, plan: Plan) -> dict[str, Any] | None:
+def render_deepspeed(ctx: RenderContext) -> dict[str, Any] | None:
     """The DeepSpeed JSON, or None when DeepSpeed is off (ZeRO stage 0: plain data parallel)."""
-    ds = job.spec.distributed.deepspeed
-    strategy = plan.strategy
+    ds = ctx.job.spec.distributed.deepspeed
+    strategy = ctx.plan.strategy
     if strategy.zero_stage == 0:
         return None
     config: dict[str, Any] = {

@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass
 
-from finetune_api.v1alpha1.resource import FineTuneJob
+from finetune_operator.render.context import RenderContext
 
 
 @dataclass(frozen=True)
@@ -17,8 +17,8 @@ class Topology:
         return self.num_machines * self.processes_per_machine
 
 
-def compute_topology(job: FineTuneJob) -> Topology:
-    dist = job.spec.distributed
+def compute_topology(ctx: RenderContext) -> Topology:
+    dist = ctx.job.spec.distributed
     per_machine = dist.processes_per_node or dist.gpus_per_node
     return Topology(
         num_machines=dist.nodes, processes_per_machine=per_machine, use_cpu=dist.gpus_per_node == 0

@@ -11,10 +11,9 @@ from typing import TypeVar
 from finetune_api import constants
 from finetune_api.trainer_input import JobIdentity, RunStrategy, TrainerInput, TrainerOutput
 from finetune_api.v1alpha1.base import ApiModel
-from finetune_api.v1alpha1.resource import FineTuneJob
 from finetune_api.v1alpha1.spec import Dtype, FineTuneJobSpec, HubTarget, ModelSource
-from finetune_operator.plan import Plan
-from finetune_operator.render.topology import Topology
+from finetune_operator.render.context import RenderContext
+from finetune_operator.render.topology import compute_topology
 
 _DTYPE_OF_PRECISION: dict[str, Dtype] = {"bf16": "bfloat16", "fp16": "float16", "no": "float32"}
 
@@ -33,10 +32,9 @@ def model_dtype(spec: FineTuneJobSpec) -> Dtype:
     return quant.storage_dtype if quant is not None else _DTYPE_OF_PRECISION[spec.training.mixed_precision]
 
 
-def render_trainer_input(
-    job: FineTuneJob, plan: Plan, topology: Topology, *, checkpoint_dir: str = constants.CHECKPOINT_MOUNT
-) -> TrainerInput:
-    """The trainer's input; `checkpoint_dir` differs only for local runs."""
+def render_trainer_input(ctx: RenderContext) -> TrainerInput:
+    """The trainer's input; the checkpoint directory (an option) differs only for local runs."""
+    job, plan, checkpoint_dir, topology = ctx.job, ctx.plan, ctx.options.checkpoint_dir, compute_topology(ctx)
     spec = job.spec
     hub = spec.output.hub
     return TrainerInput(

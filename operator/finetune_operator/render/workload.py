@@ -17,9 +17,11 @@ from typing import Any
 from finetune_api import constants
 from finetune_api.v1alpha1.resource import FineTuneJob
 from finetune_operator.render import names
-from finetune_operator.render.topology import Topology
+from finetune_operator.render.command import render_node_command
+from finetune_operator.render.context import RenderContext
+from finetune_operator.render.files import render_config_files
+from finetune_operator.render.topology import compute_topology
 
-TERMINATION_GRACE_SECONDS = 300  # time for the trainer to write a checkpoint on SIGTERM
 PROGRESS_TOKEN_TTL_SECONDS = 3600
 POD_SECURITY_CONTEXT: dict[str, Any] = {
     "runAsNonRoot": True,
@@ -39,8 +41,9 @@ WRITABLE_DIRS = {"tmp": constants.TMP_MOUNT, "cache": constants.TRAINER_CACHE_MO
 """emptyDir volume name -> mount path: where the trainer writes besides checkpoints and /dev/shm."""
 
 
-def render_config_map(job: FineTuneJob, files: dict[str, str]) -> dict[str, Any]:
-    """The three rendered files, byte for byte what `ftjob render` writes."""
+def render_config_map(ctx: RenderContext) -> dict[str, Any]:
+    """The rendered files (`render_config_files`), byte for byte what `ftjob render` writes."""
+    job = ctx.job
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
@@ -49,12 +52,13 @@ def render_config_map(job: FineTuneJob, files: dict[str, str]) -> dict[str, Any]
             "namespace": job.namespace,
             "labels": names.job_labels(job),
         },
-        "data": dict(sorted(files.items())),
+        "data": dict(sorted(render_config_files(ctx).items())),
     }
 
 
-def render_service(job: FineTuneJob) -> dict[str, Any]:
+def render_service(ctx: RenderContext) -> dict[str, Any]:
     """Headless Service so node 0 has a DNS name before it is ready (rendezvous happens before ready)."""
+    job = ctx.job
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -99,16 +103,10 @@ def _resources(job: FineTuneJob) -> dict[str, Any]:
     return resources
 
 
-def render_pod_template(
-    job: FineTuneJob,
-    attempt: int,
-    command: list[str],
-    *,
-    image: str,
-    progress_url: str | None,
-    progress_ca_file: str | None = None,
-) -> dict[str, Any]:
+def render_pod_template(ctx: RenderContext) -> dict[str, Any]:
     """The trainer pod of one attempt."""
+    job, attempt, options = ctx.job, ctx.attempt, ctx.options
+    progress_url, progress_ca_file = options.progress_url, options.progress_ca_file
     template = job.spec.template
     env: list[dict[str, Any]] = [
         {"name": constants.ENV_JOB_NAME, "value": job.name},
@@ -158,8 +156,8 @@ def render_pod_template(
     env += [dict(e) for e in template.env]
     container: dict[str, Any] = {
         "name": constants.TRAINER_CONTAINER,
-        "image": template.image or image,
-        "command": command,
+        "image": template.image or options.image,
+        "command": render_node_command(ctx),
         "env": env,
         "volumeMounts": mounts,
         "resources": _resources(job),
@@ -171,7 +169,7 @@ def render_pod_template(
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "subdomain": names.service_name(job),
-        "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
+        "terminationGracePeriodSeconds": constants.TERMINATION_GRACE_SECONDS,
         "securityContext": copy.deepcopy(POD_SECURITY_CONTEXT),
         "containers": [container],
         "volumes": volumes,
@@ -193,16 +191,7 @@ def render_pod_template(
     }
 
 
-def render_job(
-    job: FineTuneJob,
-    attempt: int,
-    topology: Topology,
-    command: list[str],
-    *,
-    image: str,
-    progress_url: str | None,
-    progress_ca_file: str | None = None,
-) -> dict[str, Any]:
+def render_job(ctx: RenderContext) -> dict[str, Any]:
     """The Indexed Job of one attempt: one pod per node; any pod failure fails the attempt.
 
     `backoffLimit: 0` because a restarted single pod cannot rejoin a torch rendezvous on its own:
@@ -210,6 +199,7 @@ def render_job(
     at once (reason `PodFailurePolicy`) on the trainer's permanent exit codes, which are the container's
     own because the pod runs the launcher (`render/command.py`); the pod's termination message says why.
     """
+    job, attempt, topology = ctx.job, ctx.attempt, compute_topology(ctx)
     labels = names.attempt_labels(job, attempt)
     queue = job.metadata.labels.get(constants.KUEUE_QUEUE_LABEL)
     if queue:
@@ -240,8 +230,6 @@ def render_job(
                     }
                 ]
             },
-            "template": render_pod_template(
-                job, attempt, command, image=image, progress_url=progress_url, progress_ca_file=progress_ca_file
-            ),
+            "template": render_pod_template(ctx),
         },
     }
