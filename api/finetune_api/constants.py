@@ -134,4 +134,5 @@ ENV_LOG_LEVEL: Final = "FTJOB_LOG_LEVEL"
 other than 0 errors only), `debug` (everything, every time, every rank; `ftjob run --verbose` sets it), `warning`
 or `error` (quieter)."""
 ENV_LOG_FORMAT: Final = "FTJOB_LOG_FORMAT"
-"""`text` (default) or `json`: the trainer writes one JSON object per log line, for log collectors."""
+"""`text` (default) or `json`: the trainer writes one JSON object per log line, for log collectors. Not set by the
+operator: a job's pods get it from `spec.template.env`."""

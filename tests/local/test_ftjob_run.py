@@ -1,9 +1,10 @@
-"""`ftjob run`: the README's first command, end to end on CPU, and how it fits a job to the machine; a permanent
-trainer error ends the run at once with its own code; `--fresh` starts over; `plan`, `render` and `run` reject
-an invalid job alike."""
+"""`ftjob run`: the README's first command, end to end on CPU, and how it fits a job to the machine; what it
+prints (a screenful by default, everything with `--verbose`); a permanent trainer error ends the run at once with
+its own code; `--fresh` starts over; `plan`, `render` and `run` reject an invalid job alike."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -54,6 +55,39 @@ def test_ftjob_run_trains_the_tiny_example(tmp_path: Path) -> None:
     losses = [row["loss"] for row in rows if "loss" in row]
     assert losses[-1] < losses[0] - 1.0, losses
     assert (tmp_path / "config" / "accelerate.yaml").read_text().count("num_processes: 2") == 1
+    assert_quiet(proc.stdout + proc.stderr, logged_steps=[1, 5, 10, 15, 20, 25, 30], max_steps=30)
+
+
+STEP_LINE = re.compile(r"\[rank0\] INFO finetune_trainer\.progress: step (\d+)/(\d+) ")
+WARNING_LINE = re.compile(r"\] WARNING (\S+): (.*)$")
+
+
+def assert_quiet(output: str, *, logged_steps: list[int], max_steps: int) -> None:
+    """What `ftjob run` prints by default (finetune_trainer.output): a screenful, each warning once, one line per
+    logging step, from rank 0 only, no progress bar or dict print in a pipe, and a line on what was left out."""
+    lines = output.splitlines()
+    assert len(lines) <= 40, f"{len(lines)} lines:\n{output}"
+    warnings = [m.group(2) for line in lines if (m := WARNING_LINE.search(line))]
+    assert len(warnings) == len(set(warnings)), f"a warning printed twice:\n{output}"
+    assert "Warning: " not in "".join(line for line in lines if not WARNING_LINE.search(line)), output
+    step_lines = [m for m in map(STEP_LINE.search, lines) if m]
+    assert [int(m.group(1)) for m in step_lines] == logged_steps, output
+    assert {int(m.group(2)) for m in step_lines} == {max_steps}, output
+    assert "[rank1]" not in output and "{'loss'" not in output and "it/s]" not in output, output
+    assert "more times (not shown); --verbose" in output, output
+
+
+@pytest.mark.trainer
+def test_ftjob_run_verbose_shows_every_warning_and_every_rank(tmp_path: Path) -> None:
+    path = tiny_job(tmp_path, spec={"training": {"maxSteps": 10, "saveSteps": 10}})
+    quiet = ftjob("run", str(path), "--workdir", str(tmp_path / "quiet"))
+    verbose = ftjob("run", str(path), "--workdir", str(tmp_path / "verbose"), "--verbose")
+    assert quiet.returncode == 0 and verbose.returncode == 0, (quiet.stdout[-3000:], verbose.stdout[-3000:])
+    assert_quiet(quiet.stdout + quiet.stderr, logged_steps=[1, 5, 10], max_steps=10)
+    loud = verbose.stdout + verbose.stderr
+    assert len(loud.splitlines()) > len(quiet.stdout.splitlines()) + 20, loud
+    assert loud.count("`torch.distributed.reduce_scatter_tensor` is deprecated") > 2, loud[-3000:]
+    assert "[rank1]" in loud and "not shown" not in loud
 
 
 def ftjob(*args: str, env: dict[str, str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess[str]:
