@@ -95,16 +95,22 @@ def test_throughput_units() -> None:
     assert throughput(1_204_000) == "1.20M tok/s"
 
 
-def test_history_keeps_one_point_per_reported_step_and_value() -> None:
+def test_history_keeps_a_loss_point_per_reported_step() -> None:
     history = History(limit=3)
-    for step, loss in [(1, 2.0), (1, 2.0), (2, 1.5), (3, 1.2), (4, 1.1)]:
+    for step, loss in [(1, 2.0), (1, 2.0), (2, 1.5), (3, 1.2), (4, 1.1), (5, 1.1)]:
         history.observe(Progress(step=step, loss=loss, total_steps=10))
     history.observe(None)
-    history.observe(Progress(step=5, total_steps=10))  # no loss in this report
-    assert history.loss == [1.5, 1.2, 1.1]
+    history.observe(Progress(step=6, total_steps=10))  # no loss in this report
+    assert history.loss == [1.2, 1.1, 1.1]  # the last three; a flat step is a point
     assert history.eval_loss == []
-    history.observe(Progress(step=5, eval_loss=1.4))
-    assert history.eval_loss == [1.4]
+
+
+def test_history_keeps_an_eval_point_per_new_value() -> None:
+    """Reports repeat the last evaluation's loss at every step until the next evaluation."""
+    history = History()
+    for step, ev in [(1, 1.9), (2, 1.9), (3, 1.9), (4, 1.7), (5, 1.7), (6, 1.6)]:
+        history.observe(Progress(step=step, eval_loss=ev))
+    assert history.eval_loss == [1.9, 1.7, 1.6]
 
 
 def test_screen_shows_phase_attempt_progress_plan_conditions_events_and_output() -> None:
@@ -121,8 +127,8 @@ def test_screen_shows_phase_attempt_progress_plan_conditions_events_and_output()
     assert "  PodsHealthy  False    Unschedulable  0/3 nodes are available" in lines
     assert "  Running      True     Running        attempt 2 is running  since 21:30:00Z" in lines
     at = lines.index("Events (last 2)")
-    assert lines[at + 1] == "  21:29:00Z  Normal   Restarting  FineTuneJob/demo  Restarting happened (x2)"
-    assert lines[at + 2] == "  21:30:05Z  Normal   Scheduled  Pod/demo-2-0-x7k2p  Scheduled happened"
+    assert lines[at + 1] == "  21:29:00Z  Normal   Restarting  FineTuneJob/demo    Restarting happened (x2)"
+    assert lines[at + 2] == "  21:30:05Z  Normal   Scheduled   Pod/demo-2-0-x7k2p  Scheduled happened"
 
 
 def test_screen_draws_the_loss_curve_seen_during_a_watch() -> None:

@@ -15,6 +15,7 @@ job, a pod without a log) ends as `ViewError`, printed as one line, exit status 
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -47,6 +48,11 @@ CONNECT_TIMEOUT = 10.0
 """Seconds to open a connection for a watch or a log stream (which then may stay quiet for long)."""
 WATCH_SECONDS = 300
 """How long the server keeps one watch open before the client resumes it from the last resourceVersion."""
+RETRY_SECONDS = (1.0, 2.0, 4.0, 8.0, 15.0)
+"""Back-off before each retry of a transient answer (`TRANSIENT_STATUSES`); after the last, the error is shown."""
+TRANSIENT_STATUSES = frozenset({429, 500, 502, 503, 504})
+"""Answers that mean "again, shortly": throttling, an API server (re)initialising a resource's storage (as when
+its CRD is updated), a proxy's hiccup."""
 DRAIN_SECONDS = 10.0
 """After the job moved on (a new attempt, a terminal phase), how long the old pod's log may still run out."""
 IN_CLUSTER_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
@@ -55,6 +61,10 @@ EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
 
 class ViewError(Exception):
     """A problem the person running `ftjob` can act on; printed as one line, exit status 1."""
+
+
+class _NotAnEventError(Exception):
+    """A watch stream carried a line that is no watch event (an HTML error page from a proxy, say)."""
 
 
 @dataclass
@@ -154,36 +164,45 @@ def _api_message(exc: ApiException, cluster: Cluster) -> str:
     return f"{cluster.host}: {_status_message(exc.status or 0, exc.body or exc.reason)}"
 
 
-async def _json(call: Awaitable[Any], what: str, cluster: Cluster) -> dict[str, Any]:
-    """The JSON of a request made with `_preload_content=False` (which skips the client's status check)."""
-    response = await call
-    try:
-        data = await response.read()
-        if response.status == 404:
+async def _json(call: Callable[[], Awaitable[Any]], what: str, cluster: Cluster) -> dict[str, Any]:
+    """The JSON of a request made with `_preload_content=False` (which skips the client's status check);
+    `call` is made again after a transient answer."""
+    for pause in (*RETRY_SECONDS, None):
+        response = await call()
+        try:
+            data = await response.read()
+            status = response.status
+        finally:
+            response.release()
+        if status in TRANSIENT_STATUSES and pause is not None:
+            await asyncio.sleep(pause)
+            continue
+        if status == 404:
             raise ViewError(f"{what} not found in namespace {cluster.namespace}")
-        if response.status == 401:
+        if status == 401:
             raise ViewError(f"the API server {cluster.host} refused the credentials of {cluster.source} (HTTP 401)")
-        if not 200 <= response.status <= 299:
-            raise ViewError(f"{what}: {_status_message(response.status, data)}")
+        if not 200 <= status <= 299:
+            raise ViewError(f"{what}: {_status_message(status, data)}")
         found: dict[str, Any] = json.loads(data)
         return found
-    finally:
-        response.release()
+    raise AssertionError("unreachable: the last pass returns or raises")
 
 
 async def read_job(cluster: Cluster, name: str) -> dict[str, Any]:
     """The FineTuneJob's body; `ViewError` when there is none."""
-    call = cluster.custom.get_namespaced_custom_object(
-        constants.GROUP, constants.VERSION, cluster.namespace, constants.PLURAL, name,
-        _preload_content=False, _request_timeout=REQUEST_TIMEOUT,
+    call = functools.partial(
+        cluster.custom.get_namespaced_custom_object, constants.GROUP, constants.VERSION, cluster.namespace,
+        constants.PLURAL, name, _preload_content=False, _request_timeout=REQUEST_TIMEOUT,
     )
     return await _json(call, f"FineTuneJob {name}", cluster)
 
 
 async def list_pods(cluster: Cluster, job_name: str) -> dict[str, Any]:
     """The PodList of every pod the job's attempts have (by the operator's job-name label)."""
-    call = cluster.core.list_namespaced_pod(cluster.namespace, label_selector=podsel.job_selector(job_name),
-                                            _preload_content=False, _request_timeout=REQUEST_TIMEOUT)
+    call = functools.partial(
+        cluster.core.list_namespaced_pod, cluster.namespace, label_selector=podsel.job_selector(job_name),
+        _preload_content=False, _request_timeout=REQUEST_TIMEOUT,
+    )
     return await _json(call, f"pods of FineTuneJob {job_name}", cluster)
 
 
@@ -198,9 +217,11 @@ async def job_events(cluster: Cluster, body: Mapping[str, Any]) -> list[Event]:
             selector += f",involvedObject.name={view.name}"
         elif attempt < 1:
             continue
-        call = cluster.core.list_namespaced_event(cluster.namespace, field_selector=selector,
-                                                  _preload_content=False, _request_timeout=REQUEST_TIMEOUT)
-        listed = await _json(call, f"events of {kind} objects", cluster)
+        listed = await _json(
+            functools.partial(cluster.core.list_namespaced_event, cluster.namespace, field_selector=selector,
+                              _preload_content=False, _request_timeout=REQUEST_TIMEOUT),
+            f"events of {kind} objects", cluster,
+        )
         found += [Event.from_body(e) for e in listed.get("items") or []
                   if podsel.event_is_about(e, view.name, attempt)]
     return found
@@ -209,8 +230,10 @@ async def job_events(cluster: Cluster, body: Mapping[str, Any]) -> list[Event]:
 async def _next_event(cluster: Cluster, list_call: Callable[..., Any], *args: Any, resource_version: str,
                       **selectors: Any) -> dict[str, Any] | None:
     """Wait for the first change after `resource_version` on a watch; the object, or None when the watch had to
-    start over (410 Gone: the caller re-reads). Server-side timeouts are resumed, so this waits for a change."""
+    start over (410 Gone: the caller re-reads). Server-side timeouts are resumed and transient answers retried
+    after a pause, so this waits for a change."""
     version = resource_version
+    pauses = iter(RETRY_SECONDS)
     while True:
         stream = watch.Watch()
         try:
@@ -218,6 +241,8 @@ async def _next_event(cluster: Cluster, list_call: Callable[..., Any], *args: An
                 list_call, *args, resource_version=version, timeout_seconds=WATCH_SECONDS,
                 allow_watch_bookmarks=True, _request_timeout=(CONNECT_TIMEOUT, WATCH_SECONDS + 30), **selectors,
             ):
+                if not isinstance(event, dict):
+                    raise _NotAnEventError(str(event)[:200])
                 raw: dict[str, Any] = event["raw_object"]
                 version = raw.get("metadata", {}).get("resourceVersion") or version
                 if event["type"] == "BOOKMARK":
@@ -228,7 +253,15 @@ async def _next_event(cluster: Cluster, list_call: Callable[..., Any], *args: An
         except ApiException as exc:
             if exc.status == 410:
                 return None
-            raise
+            pause = next(pauses, None) if exc.status in TRANSIENT_STATUSES else None
+            if pause is None:
+                raise
+            await asyncio.sleep(pause)
+        except _NotAnEventError as exc:
+            pause = next(pauses, None)
+            if pause is None:
+                raise ViewError(f"a watch got an answer that is not a watch event: {exc}") from None
+            await asyncio.sleep(pause)
         finally:
             await stream.close()
 

@@ -147,24 +147,28 @@ def recent(events: Iterable[Event], limit: int = EVENTS_SHOWN) -> list[Event]:
 
 @dataclass
 class History:
-    """Loss and eval loss seen so far, one point per reported (step, value): status holds only the latest."""
+    """Loss and eval loss seen so far (status holds only the latest). The training loss gets a point per
+    reported step; the eval loss a point per new value, since a report repeats the last evaluation's loss at
+    every step until the next evaluation (and does not say at which step that was)."""
 
     limit: int = SPARK_POINTS
     loss: list[float] = field(default_factory=list)
     eval_loss: list[float] = field(default_factory=list)
-    _last: dict[str, tuple[int, float]] = field(default_factory=dict)
+    _loss_at: tuple[int, float] | None = None
 
     def observe(self, progress: Progress | None) -> None:
         """Record the report's values unless they repeat the last point of their series."""
         if progress is None:
             return
-        for key, value, series in (("loss", progress.loss, self.loss),
-                                   ("eval_loss", progress.eval_loss, self.eval_loss)):
-            if value is None or self._last.get(key) == (progress.step, value):
-                continue
-            self._last[key] = (progress.step, value)
-            series.append(value)
-            del series[: -self.limit]
+        if progress.loss is not None and self._loss_at != (progress.step, progress.loss):
+            self._loss_at = (progress.step, progress.loss)
+            self._add(self.loss, progress.loss)
+        if progress.eval_loss is not None and (not self.eval_loss or self.eval_loss[-1] != progress.eval_loss):
+            self._add(self.eval_loss, progress.eval_loss)
+
+    def _add(self, series: list[float], value: float) -> None:
+        series.append(value)
+        del series[: -self.limit]
 
 
 @dataclass(frozen=True)
@@ -304,9 +308,12 @@ def render_screen(body: Mapping[str, Any], events: Sequence[Event] = (), history
     shown = recent(events)
     if shown:
         lines.append(f"Events (last {len(shown)})")
+        reason_w = max(len(e.reason) for e in shown)
+        object_w = max(len(e.kind) + 1 + len(e.name) for e in shown)
         for e in shown:
-            times = f" (x{e.count})" if e.count > 1 else ""
-            lines.append(f"  {clock(e.time)}  {e.type:<7}  {e.reason}  {e.kind}/{e.name}  {e.message}{times}")
+            what = f"{e.kind}/{e.name}"
+            message = e.message + (f" (x{e.count})" if e.count > 1 else "")
+            lines.append(f"  {clock(e.time)}  {e.type:<7}  {e.reason:<{reason_w}}  {what:<{object_w}}  {message}")
     if st.message:
         lines.append(f"Message    {st.message}")
     return "\n".join([header, *(_fit(line, width) for line in lines)])

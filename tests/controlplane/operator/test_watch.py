@@ -16,6 +16,7 @@ import json
 import os
 import queue
 import shutil
+import signal
 import subprocess
 import threading
 import uuid
@@ -221,6 +222,17 @@ def test_watch_of_a_deleted_job_exits_1(cluster: Cluster, namespace: str, crd: N
     assert f"FineTuneJob {namespace}/demo was deleted" in watch.proc.stderr.read()
 
 
+def test_watch_ends_on_ctrl_c(cluster: Cluster, namespace: str, crd: None, piped: list[Piped]) -> None:
+    apply(cluster, namespace, ftj("tiny-cpu"))
+    watch = Piped(cluster, "watch", "demo", "-n", namespace)
+    piped.append(watch)
+    watch.next_line()
+    watch.proc.send_signal(signal.SIGINT)
+    assert watch.proc.wait(20) == 130  # 128 + SIGINT, as a shell reports it
+    assert watch.proc.stderr is not None
+    assert "Traceback" not in watch.proc.stderr.read()
+
+
 SCREEN = Path(os.environ.get("FTJOB_WATCH_SCREEN", "/tmp/ftjob-watch-screen.txt"))
 """Where the TTY test leaves the last pane it captured (for people to look at)."""
 
@@ -238,12 +250,13 @@ def test_watch_in_a_terminal_redraws_in_place_with_a_bar_and_a_loss_curve(cluste
                "sleep 60")  # keeps the pane (and the final screen) until the test has read it
 
     def tmux(*args: str) -> str:
-        return subprocess.run(["tmux", "-L", socket, *args], capture_output=True, text=True, check=True).stdout
+        return subprocess.run(["tmux", "-L", socket, "-f", os.devnull, *args],  # no user config
+                              capture_output=True, text=True, check=True).stdout
 
-    tmux("new-session", "-d", "-x", "110", "-y", "30", "-s", "w", command)
+    tmux("new-session", "-d", "-x", "110", "-y", "30", "-s", "w", "-n", "first", command)
     try:
         def pane() -> str:
-            return tmux("capture-pane", "-p", "-t", "w")
+            return tmux("capture-pane", "-p", "-t", "w:first")
 
         wait_until(lambda: "attempt 1" in pane(), timeout=20, interval=0.2, what="the first screen")
         losses = [2.4, 2.1, 1.9, 1.6, 1.5, 1.3, 1.25, 1.2]
@@ -261,11 +274,25 @@ def test_watch_in_a_terminal_redraws_in_place_with_a_bar_and_a_loss_curve(cluste
         assert "Loss       1.2000  █▆▅▃▃▂▁▁   eval -" in lines, lines
         assert "Speed      1.5k tok/s   lr -   ETA 20s   reported 21:40:03Z" in lines
         assert any(x.split()[:3] == ["PodsHealthy", "True", "PodsHealthy"] for x in lines)
+
+        # Ctrl-C in a second window: status 130, the terminal back from the alternate screen, the screen kept.
+        interrupted = tmp_path / "rc-interrupted"
+        tmux("new-window", "-t", "w", "-n", "second",
+             command.replace(str(rc_file), str(interrupted)))
+        wait_until(lambda: "step 24/30" in tmux("capture-pane", "-p", "-t", "w:second"), timeout=20, interval=0.2,
+                   what="the second watch's screen")
+        tmux("send-keys", "-t", "w:second", "C-c")
+        wait_until(interrupted.exists, timeout=20, interval=0.2, what="ftjob watch to end on Ctrl-C")
+        assert interrupted.read_text().strip() == "130"
+        after = tmux("capture-pane", "-p", "-t", "w:second")
+        assert "Traceback" not in after
+        assert f"FineTuneJob {namespace}/demo   Running   attempt 1" in after
+
         patch_status(cluster, namespace, {"phase": "Succeeded", "conditions": [
             {"type": "Succeeded", "status": "True", "reason": "Completed", "message": "done"}]})
         wait_until(rc_file.exists, timeout=20, interval=0.2, what="ftjob watch to exit")
         assert rc_file.read_text().strip() == "0"
-        final = pane()
+        final = tmux("capture-pane", "-p", "-t", "w:first")
         assert f"FineTuneJob {namespace}/demo   Succeeded   attempt 1" in final  # left on the normal screen
     finally:
         subprocess.run(["tmux", "-L", socket, "kill-server"], capture_output=True)
