@@ -1,5 +1,8 @@
 """Admission: whether a job may run, and the memory plan it runs with, decided once per spec.
 
+"Admission" here is the operator's own acceptance of a job's spec, before any child exists; it is neither the API
+server's admission control (CEL rules, ValidatingAdmissionPolicy) nor Kueue's admission of a queued Job.
+
 `admit(job, policy)` answers `Admitted` (the plan) or the `InvalidSpecError` that lists every problem, in this
 order: the operator's rules (`validation.check_job`: the API's rule tables, the free-form fields, the trainer's
 limits, the pod policy), then the memory planner (`plan.plan_job`: `zeroStage: auto` must find a strategy that
