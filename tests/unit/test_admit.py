@@ -1,13 +1,16 @@
 """admit and AdmissionCache: the rules, then the planner, as a value; one admission per (uid, generation, policy)."""
 
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from finetune_api.v1alpha1.errors import InvalidSpecError
 from finetune_api.v1alpha1.resource import FineTuneJob
 from finetune_operator.admit import AdmissionCache, Admitted, admit, admit_or_raise
+from finetune_operator.cli import EXIT_INVALID, main
 from finetune_operator.plan import plan_job
 from finetune_operator.policy import PodPolicy
 from tests.builders import job_body
@@ -115,3 +118,31 @@ def test_the_least_recently_used_entry_goes_first() -> None:
     cache(a, POLICY)
     cache(b, POLICY)
     assert (cache.misses, cache.hits) == (4, 2)
+
+
+CLI_INVALID = [
+    ("a rule error", {"overrides": {"zero_optimization": {"stage": 2}}}),
+    ("a planner error", {"zero": "auto", "model": "org/unknown-model"}),
+]
+
+
+@pytest.mark.parametrize("body_args", [c[1] for c in CLI_INVALID], ids=[c[0] for c in CLI_INVALID])
+def test_ftjob_render_plan_and_run_refuse_with_admits_errors_and_exit_2(
+    body_args: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    body = job_body(name="demo", nodes=1, gpus=8, **body_args)
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(yaml.safe_dump(body))
+    admission = admit(FineTuneJob.from_body(body))
+    assert isinstance(admission, InvalidSpecError)
+    want = [f"  {error}" for error in admission.errors]
+    commands = {
+        "render": ["--out", str(tmp_path / "out")],
+        "plan": [],
+        "run": ["--workdir", str(tmp_path / "run")],
+    }
+    for command, flags in commands.items():
+        assert main([command, str(job_file), *flags]) == EXIT_INVALID, command
+        err = capsys.readouterr().err.splitlines()
+        assert err == [f"ftjob {command}: invalid FineTuneJob:", *want], command
+    assert not (tmp_path / "out").exists(), "nothing is rendered for an invalid spec"
