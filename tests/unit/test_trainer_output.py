@@ -188,3 +188,22 @@ class Terminal(io.StringIO):
 )
 def test_a_bar_only_on_rank_0_in_a_terminal(settings: OutputSettings, stream: io.StringIO, expected: bool) -> None:
     assert show_bar(settings, stream) is expected
+
+
+def test_a_library_logger_with_its_own_handler_is_adopted(restore_logging: None) -> None:
+    _, stream = installed(OutputSettings(rank=0))
+    library = logging.getLogger("DeepSpeed")
+    own = io.StringIO()
+    saved = (list(library.handlers), library.propagate, library.level)
+    library.addHandler(logging.StreamHandler(own))
+    library.propagate = False
+    library.setLevel(logging.WARNING)
+    try:
+        output.adopt_loggers(("DeepSpeed",))
+        library.warning("zero stage 3 on CPU")
+        library.warning("zero stage 3 on CPU")
+        assert own.getvalue() == ""
+        assert stream.getvalue().count("WARNING DeepSpeed: zero stage 3 on CPU") == 1
+    finally:
+        library.handlers[:], library.propagate = saved[0], saved[1]
+        library.setLevel(saved[2])

@@ -104,6 +104,7 @@ def train(config_path: str) -> int:
         callbacks=callbacks,
     )
     console_callbacks(trainer)
+    output.adopt_loggers()  # DeepSpeed's, imported by now
     result = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
     if sigterm.stopped:
         log.warning(

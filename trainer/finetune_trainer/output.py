@@ -58,6 +58,9 @@ LIBRARY_BARS = (
 )
 """The switches that turn off the libraries' own tqdm bars (tokenizing, packing, downloads): off wherever our bar
 would be (`show_bar`), since in a log file each bar is a screenful of lines."""
+ADOPTED_LOGGERS = ("DeepSpeed",)
+"""Loggers a library sets up at import with a stream handler of its own and no propagation (DeepSpeed: stdout, at
+WARNING, on every rank); `adopt_loggers` makes them ours once the library is imported."""
 FIELDS = "ftjob_fields"
 """The `extra=` key under which a record carries structured fields for the JSON format (a dict)."""
 WARNINGS_LOGGER = "py.warnings"
@@ -231,6 +234,19 @@ class Output:
         text = self.repeats.summary()
         if text and self.settings.rank == 0:
             logging.getLogger("finetune_trainer").log(max(logging.INFO, LEVELS[self.settings.level]), "%s", text)
+
+
+def adopt_loggers(names: tuple[str, ...] = ADOPTED_LOGGERS) -> None:
+    """Give the named loggers that exist by now (their library was imported) to the root handler: their own
+    handlers removed, propagation on, level left to the root (so replicas' warnings are dropped like any other)."""
+    for name in names:
+        if name not in logging.Logger.manager.loggerDict:
+            continue
+        logger = logging.getLogger(name)
+        for handler in list(logger.handlers):
+            logger.removeHandler(handler)
+        logger.propagate = True
+        logger.setLevel(logging.NOTSET)
 
 
 def _call_each(functions: tuple[tuple[str, str], ...]) -> None:
