@@ -144,7 +144,7 @@ class TrainingSpec(ApiModel):
 
     @rule(
         ".warmupRatio",
-        "!has(self.warmupRatio) || self.warmupRatio == null || !has(self.warmupSteps) || self.warmupSteps == 0",
+        "!has(self.warmupRatio) || !has(self.warmupSteps) || self.warmupSteps == 0",
         "training.warmupRatio and warmupSteps both set the warm-up: set one of them",
     )
     def one_warmup_length(self) -> bool:
