@@ -439,6 +439,8 @@ async def follow_logs(cluster: Cluster, name: str, out: BinaryIO) -> int:
             streamed.add(pod["metadata"]["uid"])
             continue
         if terminal_exit(body) is not None:
+            if not streamed:
+                raise ViewError(f"FineTuneJob {name} is {view.phase} and attempt {attempt} has no rank-0 pod left")
             return 0
         # Wait for the next change of the job or of any of its pods, then look again.
         await _first(

@@ -321,3 +321,11 @@ def test_logs_before_any_attempt_is_a_clear_error(cluster: Cluster, namespace: s
     proc = ftjob(cluster, "logs", "demo", "-n", namespace)
     assert (proc.returncode, proc.stderr) == (
         1, "ftjob logs: FineTuneJob demo has not started an attempt yet (phase Pending)\n")
+
+
+def test_logs_follow_of_a_finished_job_without_pods_says_so(cluster: Cluster, namespace: str, crd: None) -> None:
+    apply(cluster, namespace, ftj("tiny-cpu"))
+    patch_status(cluster, namespace, {"phase": "Succeeded", "attempt": 1})
+    proc = ftjob(cluster, "logs", "demo", "-n", namespace, "-f")
+    assert (proc.returncode, proc.stderr) == (
+        1, "ftjob logs: FineTuneJob demo is Succeeded and attempt 1 has no rank-0 pod left\n")
