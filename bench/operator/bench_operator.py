@@ -47,6 +47,7 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 NOISE = {"leases", "nodes"}
 GPUS_PER_NODE = 8
 PY_SPY = Path(sys.executable).parent / "py-spy"
+GOAL_RATIO = 1.3  # the burst goal: operator create -> all pods <= 1.3x the floor's, at every N, run after run
 
 
 def log(msg: str) -> None:
@@ -90,6 +91,7 @@ class Bench:
             ).stdout.strip()
         )
         self.kubeconfig = cluster_dir / "kubeconfig"
+        self.metrics_port = 0  # the running operator's /metrics (set by start_operator)
 
     # --- cluster -------------------------------------------------------------------------------
     def up(self) -> None:
@@ -149,10 +151,48 @@ class Bench:
             out[(labels.get("verb", ""), labels.get("resource", ""))] += float(line.rsplit(" ", 1)[1])
         return out
 
+    def job_controller_queue(self) -> dict[str, float]:
+        """The Job controller's work queue so far (kube-controller-manager's /metrics): items, their summed wait
+        in the queue and summed sync time. In the operator run the Job controller's wait, not the operator,
+        was most of the tail after the last create."""
+        import ssl
+        import urllib.request
+
+        ports = dict(line.split("=", 1) for line in (self.dir / "ports.env").read_text().splitlines() if "=" in line)
+        context = ssl.create_default_context()
+        context.check_hostname, context.verify_mode = False, ssl.CERT_NONE  # the cluster's own self-signed cert
+        try:
+            url = f"https://127.0.0.1:{ports['KCM_PORT']}/metrics"
+            with urllib.request.urlopen(url, timeout=5, context=context) as r:
+                text = r.read().decode()
+        except (OSError, KeyError):
+            return {}
+        out: dict[str, float] = {}
+        for line in text.splitlines():
+            for metric in ("queue_duration_seconds_sum", "queue_duration_seconds_count", "work_duration_seconds_sum"):
+                if line.startswith(f'workqueue_{metric}{{name="job"}}'):
+                    out[metric] = float(line.rsplit(" ", 1)[1])
+        return out
+
+    @staticmethod
+    def queue_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+        """Job-controller syncs between two readings, and their mean wait in the queue and mean sync time (s)."""
+        if not before or not after:
+            return {}
+        items = after["queue_duration_seconds_count"] - before["queue_duration_seconds_count"]
+        wait = after["queue_duration_seconds_sum"] - before["queue_duration_seconds_sum"]
+        work = after["work_duration_seconds_sum"] - before["work_duration_seconds_sum"]
+        return {
+            "syncs": items,
+            "mean_wait_s": wait / items if items else 0.0,
+            "mean_sync_s": work / items if items else 0.0,
+        }
+
     # --- operator ------------------------------------------------------------------------------
     def start_operator(self, ns: str, log_path: Path) -> subprocess.Popen[bytes]:
         progress = free_port()
         live = free_port()
+        self.metrics_port = free_port()
         args = [
             str(FTJOB),
             "operator",
@@ -164,7 +204,7 @@ class Bench:
             "--progress-port",
             str(progress),
             "--metrics-port",
-            str(free_port()),
+            str(self.metrics_port),
             "--progress-url",
             f"https://127.0.0.1:{progress}",
             *POLICY_FLAGS,
@@ -184,6 +224,20 @@ class Bench:
             except OSError:
                 time.sleep(0.2)
         raise RuntimeError("operator not live after 60 s")
+
+    def operator_rounds(self) -> float | None:
+        """Reconcile rounds the operator has run so far (its `finetune_reconcile_duration_seconds_count`)."""
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as r:
+                text = r.read().decode()
+        except OSError:
+            return None
+        for line in text.splitlines():
+            if line.startswith("finetune_reconcile_duration_seconds_count"):
+                return float(line.rsplit(" ", 1)[1])
+        return None
 
     @staticmethod
     def stop_operator(proc: subprocess.Popen[bytes]) -> None:
@@ -251,7 +305,15 @@ class Bench:
 
     # --- watching ------------------------------------------------------------------------------
     def watch_pods(self, ns: str, seen: dict[str, float], stop: threading.Event) -> threading.Thread:
-        """Record the first time each pod is seen (monotonic), keyed by pod name.
+        """Record the first time each pod is seen (monotonic), keyed by pod name."""
+        return self.watch(self.core.list_namespaced_pod, ns, seen, stop)
+
+    def watch_jobs(self, ns: str, seen: dict[str, float], stop: threading.Event) -> threading.Thread:
+        """Record the first time each (batch) Job is seen: when the operator's or the floor's create landed."""
+        return self.watch(self.batch.list_namespaced_job, ns, seen, stop)
+
+    def watch(self, list_fn: Any, ns: str, seen: dict[str, float], stop: threading.Event) -> threading.Thread:
+        """Record the first time each object of a kind is seen (monotonic), keyed by name.
 
         Each stream resumes at the last resourceVersion and events stay plain JSON: until cb79b75 every 5 s
         stream started with a fresh list of all the namespace's pods, decoded into client models, a cost that
@@ -267,7 +329,7 @@ class Bench:
                 if version:
                     kwargs["resource_version"] = version
                 try:
-                    for ev in w.stream(self.core.list_namespaced_pod, ns, **kwargs):
+                    for ev in w.stream(list_fn, ns, **kwargs):
                         if ev["type"] == "ERROR":  # 410 Gone: list again
                             version = None
                             break
@@ -279,7 +341,7 @@ class Bench:
                             w.stop()
                             break
                 except Exception as exc:  # pragma: no cover - reconnect from a fresh list
-                    log(f"pod watch: {exc}")
+                    log(f"watch: {exc}")
                     version = None
                     time.sleep(0.2)
 
@@ -377,6 +439,45 @@ class Bench:
             time.sleep(0.05)
         raise RuntimeError(f"only {len(seen)}/{want} pods after {timeout:.0f}s")
 
+    @staticmethod
+    def timeline(
+        created: list[float], jobs_seen: dict[str, float], pods_seen: dict[str, float], t0: float
+    ) -> dict[str, Any]:
+        """Per job, seconds from t0: the client's create call returned, its (batch) Job was first seen, its last
+        pod was first seen; and where the tail after the client's last create goes.
+
+        `job_lag` (Job seen - create returned) is what the operator adds (in the floor it is ~0: the client
+        creates the Job itself); `pods_lag` (last pod - Job seen) is the Job controller's and the API server's.
+        """
+        last_pod: dict[str, float] = {}
+        for pod, t in pods_seen.items():
+            job = pod.rsplit("-", 2)[0]  # Indexed Job pods: <job>-<index>-<random>
+            last_pod[job] = max(last_pod.get(job, 0.0), t - t0)
+        rows = []
+        for i, done in enumerate(created):
+            job = f"b{i}-1"  # attempt 1 of FineTuneJob b<i>
+            seen = jobs_seen.get(job)
+            rows.append((round(done, 3), round(seen - t0, 3) if seen else None, round(last_pod.get(job, -1.0), 3)))
+        job_lag = [r[1] - r[0] for r in rows if r[1] is not None]
+        pods_lag = [r[2] - r[1] for r in rows if r[1] is not None and r[2] >= 0]
+        last_create = max(created) if created else 0.0
+        last_job = max((r[1] for r in rows if r[1] is not None), default=last_create)
+        last_pods = max((r[2] for r in rows), default=last_job)
+
+        def spread(v: list[float]) -> dict[str, float]:
+            return {"p50": round(pct(v, 50), 3), "p90": round(pct(v, 90), 3), "max": round(max(v), 3)} if v else {}
+
+        return {
+            "job_lag_s": spread(job_lag),
+            "pods_lag_s": spread(pods_lag),
+            "tail": {
+                "last_create_s": round(last_create, 3),
+                "last_create_to_last_job_s": round(last_job - last_create, 3),
+                "last_job_to_last_pod_s": round(last_pods - last_job, 3),
+            },
+            "jobs": rows,
+        }
+
     def _requests(self, before: Counter[tuple[str, str]], after: Counter[tuple[str, str]]) -> dict[str, Any]:
         delta = {k: after[k] - before.get(k, 0) for k in after if after[k] - before.get(k, 0) > 0}
         total = sum(delta.values())
@@ -390,20 +491,28 @@ class Bench:
         ns = self.namespace(f"burst-op-{n}-{uuid.uuid4().hex[:4]}")
         op = self.start_operator(ns, workdir / f"operator-burst-{n}.log")
         seen: dict[str, float] = {}
+        jobs_seen: dict[str, float] = {}
         stop = threading.Event()
         self.watch_pods(ns, seen, stop)
+        self.watch_jobs(ns, jobs_seen, stop)
         time.sleep(3)  # operator settled
+        load = os.getloadavg()
         spy = self.start_profiler(op.pid, workdir / f"profile-burst-{n}.txt") if self.profile else None
         cpu0 = self.cpu_seconds(op.pid)
         req0 = self.request_counts()
         comp0 = self.component_cpu(op.pid)
+        jq0 = self.job_controller_queue()
         t0 = time.monotonic()
+        created: list[float] = []
         for i in range(n):
             self.create_ftj(ns, f"b{i}")
+            created.append(time.monotonic() - t0)
         t_created = time.monotonic() - t0
         t_pods = self._wait_pods(seen, 2 * n, t0, timeout)
         cpu_pods = self.cpu_seconds(op.pid) - cpu0
+        rounds_pods = self.operator_rounds()
         comp1 = self.component_cpu(op.pid)
+        jq1 = self.job_controller_queue()
         req1 = self.request_counts()
         # then until every job reports Running (status writes are the operator's too)
         deadline = time.monotonic() + timeout
@@ -415,6 +524,7 @@ class Bench:
                 break
             time.sleep(0.5)
         cpu_running = self.cpu_seconds(op.pid) - cpu0
+        rounds_running = self.operator_rounds()
         req2 = self.request_counts()
         rss = self.peak_rss_mib(op.pid)
         stop.set()
@@ -423,6 +533,8 @@ class Bench:
         self.delete_namespace(ns, wait=600)
         return {
             "profile": profile,
+            "load_before": load,
+            "timeline": self.timeline(created, jobs_seen, seen, t0),
             "jobs": n,
             "create_calls_s": t_created,
             "create_to_all_pods_s": t_pods,
@@ -431,7 +543,10 @@ class Bench:
             "operator_cpu_s_to_running": cpu_running,
             "operator_cpu_s_per_job": cpu_running / n,
             "operator_peak_rss_mib": rss,
+            "reconcile_rounds_per_job_to_pods": rounds_pods / n if rounds_pods is not None else None,
+            "reconcile_rounds_per_job_to_running": rounds_running / n if rounds_running is not None else None,
             "cpu_s_to_pods_by_process": self.cpu_delta(comp0, comp1),
+            "job_controller_to_pods": self.queue_delta(jq0, jq1),
             "requests_to_pods": self._requests(req0, req1),
             "requests_to_running": self._requests(req0, req2),
         }
@@ -446,12 +561,17 @@ class Bench:
 
         ns = self.namespace(f"burst-floor-{n}-{uuid.uuid4().hex[:4]}")
         seen: dict[str, float] = {}
+        jobs_seen: dict[str, float] = {}
         stop = threading.Event()
         self.watch_pods(ns, seen, stop)
+        self.watch_jobs(ns, jobs_seen, stop)
         time.sleep(3)
+        load = os.getloadavg()
         req0 = self.request_counts()
         comp0 = self.component_cpu()
+        jq0 = self.job_controller_queue()
         t0 = time.monotonic()
+        created: list[float] = []
         for i in range(n):  # rendering is inside the timed region: the operator has to do it too
             body = self.ftj(f"b{i}")
             body["metadata"]["namespace"] = ns
@@ -459,19 +579,65 @@ class Bench:
             self.core.create_namespaced_config_map(ns, r.config_map)
             self.core.create_namespaced_service(ns, r.service)
             self.batch.create_namespaced_job(ns, _quantities_as_str(r.job))
+            created.append(time.monotonic() - t0)
         t_created = time.monotonic() - t0
         t_pods = self._wait_pods(seen, 2 * n, t0, timeout)
         comp1 = self.component_cpu()
+        jq1 = self.job_controller_queue()
         req1 = self.request_counts()
         stop.set()
         self.delete_namespace(ns, wait=600)
         return {
+            "load_before": load,
+            "timeline": self.timeline(created, jobs_seen, seen, t0),
             "jobs": n,
             "create_calls_s": t_created,
             "create_to_all_pods_s": t_pods,
             "cpu_s_to_pods_by_process": self.cpu_delta(comp0, comp1),
+            "job_controller_to_pods": self.queue_delta(jq0, jq1),
             "requests_to_pods": self._requests(req0, req1),
         }
+
+
+def series_summary(bursts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per burst size: the ratio of every run (in order), the worst, and whether each run is within the goal."""
+    out: dict[str, Any] = {}
+    for b in bursts:
+        row = out.setdefault(str(b["jobs"]), {"ratios": [], "load_1min_before_floor_op": []})
+        row["ratios"].append(round(b["ratio_operator_over_floor"], 3))
+        row["load_1min_before_floor_op"].append(
+            [round(b["floor"]["load_before"][0], 2), round(b["operator"]["load_before"][0], 2)]
+        )
+    for row in out.values():
+        row["worst"] = max(row["ratios"])
+        row["all_within_goal"] = row["worst"] <= GOAL_RATIO
+    return out
+
+
+def series_table(bursts: list[dict[str, Any]]) -> list[str]:
+    """One markdown row per run: ratio, the tail after the last create, and the load average before each side."""
+    rows = [
+        "| N | run | floor: all pods | operator: all pods | ratio | tail floor / op | op: last create -> last Job -> "
+        "last pod | op rounds/job | op CPU s/job | load (1/5/15 min) before floor | before operator |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for b in bursts:
+        fl, op = b["floor"], b["operator"]
+        tail = (op.get("timeline") or {}).get("tail") or {}
+        nan = float("nan")
+        tail_fl = fl["create_to_all_pods_s"] - fl["create_calls_s"]
+        tail_op = op["create_to_all_pods_s"] - op["create_calls_s"]
+        to_job, to_pod = tail.get("last_create_to_last_job_s", nan), tail.get("last_job_to_last_pod_s", nan)
+        load_fl = " / ".join(f"{x:.2f}" for x in fl.get("load_before") or [])
+        load_op = " / ".join(f"{x:.2f}" for x in op.get("load_before") or [])
+        rows.append(
+            f"| {b['jobs']} | {b.get('run', 1)} | {fl['create_to_all_pods_s']:.2f} s "
+            f"| {op['create_to_all_pods_s']:.2f} s | **{b['ratio_operator_over_floor']:.2f}** "
+            f"| {tail_fl:.2f} / {tail_op:.2f} s | {to_job:.2f} + {to_pod:.2f} s "
+            f"| {op.get('reconcile_rounds_per_job_to_pods') or nan:.1f} | {op['operator_cpu_s_per_job']:.3f} "
+            f"| {load_fl} | {load_op} |"
+        )
+    return rows
 
 
 def frame_name(frame: str) -> str:
@@ -548,6 +714,12 @@ def main() -> int:
     ap.add_argument("--cluster-dir", default="/tmp/ftjob-bench-cluster")
     ap.add_argument("--timeout", type=float, default=900, help="per-burst timeout, s")
     ap.add_argument("--keep-cluster", action="store_true")
+    ap.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="run the whole --burst list this many times on one cluster (3 with 10,100,300,1000: the 3x4 series)",
+    )
     args = ap.parse_args()
     bursts = [int(x) for x in args.burst.split(",") if x.strip()]
     nodes = args.nodes or nodes_for(max(bursts or [0]), args.gpus_per_pod)
@@ -586,8 +758,8 @@ def main() -> int:
                 f"running p50 {s['create_to_running_s']['p50']:.3f} p99 {s['create_to_running_s']['p99']:.3f}"
             )
         result["burst"] = []
-        for n in bursts:
-            log(f"(b) burst {n}: floor")
+        for run, n in ((r, n) for r in range(1, args.repeat + 1) for n in bursts):
+            log(f"(b) burst {n} (run {run}/{args.repeat}): floor; load {os.getloadavg()}")
             floor = b.burst_floor(n, args.timeout)
             log(f"(b) burst {n}: floor {floor['create_to_all_pods_s']:.2f}s; operator")
             oper = b.burst_operator(n, workdir, args.timeout)
@@ -597,6 +769,7 @@ def main() -> int:
             result["burst"].append(
                 {
                     "jobs": n,
+                    "run": run,
                     "floor": floor,
                     "operator": oper,
                     "ratio_operator_over_floor": ratio,
@@ -611,10 +784,13 @@ def main() -> int:
                 f"{floor['create_to_all_pods_s']:.2f}s (x{ratio:.2f}); rss {oper['operator_peak_rss_mib']:.0f} MiB; "
                 f"cpu/job {oper['operator_cpu_s_per_job']:.3f}s; req/job {req_op / n:.1f} vs floor {req_fl / n:.1f}"
             )
+        result["summary"] = series_summary(result["burst"])
     finally:
         save()
         if not args.keep_cluster:
             b.down()
+    if result.get("burst"):
+        print("\n".join(series_table(result["burst"])))
     log(f"wrote {out}")
     return 0
 

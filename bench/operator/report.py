@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from bench_operator import series_table
+
 MIB_PER_MB = 1.048576
 # Frames every sample passes through (event loop, threads, entry point): no information in their share.
 ROOTS = (
@@ -96,6 +98,9 @@ def main() -> int:
         if result.get("single"):
             print("\n".join(single_rows(result)), end="\n\n")
     print("\n".join(burst_rows([r for r in results if not r.get("profiled")])), end="\n\n")
+    series = [b for r in results if not r.get("profiled") for b in r.get("burst") or [] if "timeline" in b["operator"]]
+    if series:  # runs that recorded the load and the timeline (bench_operator.py --repeat)
+        print("\n".join(series_table(series)), end="\n\n")
     for result in results:
         if result.get("profiled"):
             print("\n".join(profile_rows(result)), end="\n\n")

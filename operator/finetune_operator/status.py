@@ -403,10 +403,16 @@ DETAIL_KEYS = frozenset({"readyNodes", "message", "conditions"})
 def only_details_changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
     """Between two written statuses, only the ready count and messages moved: same phase, attempt and
     condition states. Such a change may wait a moment (the Job controller batches its pod counts the
-    same way); anything else is news and is written at once."""
+    same way); anything else is news and is written at once. A `PodsHealthy` condition that says all is
+    well is a detail too: it appears with a job's first pod, and in a burst writing it at once was one
+    status patch per job more; a problem (False) is news, and so is its end."""
 
     def shape(status: Mapping[str, Any]) -> tuple[Any, ...]:
-        conditions = [(c.get("type"), c.get("status"), c.get("reason")) for c in status.get("conditions") or []]
+        conditions = [
+            (c.get("type"), c.get("status"), c.get("reason"))
+            for c in status.get("conditions") or []
+            if (c.get("type"), c.get("status")) != ("PodsHealthy", "True")
+        ]
         return status.get("phase"), status.get("attempt"), conditions
 
     changed = {k for k in {*old, *new} if old.get(k) != new.get(k)}

@@ -1,8 +1,10 @@
-"""What the operator keeps per job between events: the change check (`Triggers`) and the newest body (`Bodies`)."""
+"""What the operator keeps per job between events: the change checks (`Triggers`, `ChildTriggers`) and the newest
+body (`Bodies`)."""
 
 from typing import Any
 
-from finetune_operator.runtime import Bodies, Triggers
+from finetune_operator.handlers.indexes import owned_job, owned_pod
+from finetune_operator.runtime import Bodies, ChildTriggers, Triggers
 
 
 def _body(
@@ -50,3 +52,28 @@ def test_versions_that_are_not_numbers_defer_to_arrival_order() -> None:
     bodies.offer(key, _versioned("b", "Pending"))
     bodies.offer(key, _versioned("a", "Running"))
     assert bodies.get(key)["status"]["phase"] == "Running"  # type: ignore[index]
+
+
+def _job(**status: Any) -> dict[str, Any]:
+    meta = {"name": "a-1", "namespace": "ns", "uid": "j1", "labels": {"finetune.dev/attempt": "1"}}
+    meta["ownerReferences"] = [{"controller": True, "uid": "u1"}]
+    return {"metadata": meta, "spec": {}, "status": status}
+
+
+def _pod(**status: Any) -> dict[str, Any]:
+    meta = {"name": "a-1-0-x", "namespace": "ns", "uid": "p1", "ownerReferences": [{"controller": True, "uid": "j1"}]}
+    return {"metadata": meta, "spec": {"nodeName": "n1"}, "status": {"phase": "Running", **status}}
+
+
+def test_a_childs_event_triggers_only_when_what_the_round_reads_of_it_changed() -> None:
+    children = ChildTriggers()
+    assert children.changed("j1", owned_job(_job()))  # first sighting
+    assert not children.changed("j1", owned_job(_job(active=2, ready=1, startTime="t")))  # counts: not read
+    failed = [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}]
+    assert children.changed("j1", owned_job(_job(conditions=failed)))
+    ready = [{"type": "Ready", "status": "True"}]
+    assert children.changed("p1", owned_pod(_pod()))
+    assert not children.changed("p1", owned_pod(_pod(podIP="10.0.0.7", hostIP="10.1.0.1")))
+    assert children.changed("p1", owned_pod(_pod(podIP="10.0.0.7", conditions=ready)))
+    children.forget("p1")
+    assert children.changed("p1", owned_pod(_pod(podIP="10.0.0.7", conditions=ready)))

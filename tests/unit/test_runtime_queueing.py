@@ -1,13 +1,13 @@
 """The work queue: rounds of one job never overlap, at most `slots` run at once over all jobs, the triggers a job
-gets while it waits for a slot are folded into a single round, and a failed round becomes a wake-up whose delay
-says why it failed."""
+gets while it waits for a slot are folded into a single round, urgent rounds (a new job) get a slot before the
+others, and a failed round becomes a wake-up (that re-reads the job) whose delay says why it failed."""
 
 import asyncio
 
 import pytest
 
 from finetune_operator.runtime import Key, RetryLaterError, Wakeups, WorkQueue
-from finetune_operator.runtime.queueing import CONNECTION_RETRY_SECONDS, ERROR_RETRY_SECONDS
+from finetune_operator.runtime.queueing import CONNECTION_RETRY_SECONDS, ERROR_RETRY_SECONDS, Slots
 
 
 async def _burst(slots: int) -> tuple[int, dict[str, int]]:
@@ -78,7 +78,46 @@ def test_a_gone_job_is_forgotten() -> None:
     assert forgot and locks == {} and dirty == set()
 
 
-async def _failure(error: Exception) -> list[tuple[float, Key]]:
+async def _order() -> list[str]:
+    queue = WorkQueue(slots=1, wakeups=Wakeups())
+    order: list[str] = []
+
+    async def fake_round(key: Key, reread: bool) -> bool:
+        order.append(key[1])
+        await asyncio.sleep(0.01)
+        return True
+
+    first = asyncio.create_task(queue.run(("ns", "busy"), fake_round))
+    await asyncio.sleep(0)  # "busy" holds the only slot
+    waiting = [asyncio.create_task(queue.run(("ns", f"pod-event-{i}"), fake_round)) for i in range(3)]
+    await asyncio.sleep(0)
+    waiting.append(asyncio.create_task(queue.run(("ns", "new-job"), fake_round, urgent=True)))
+    await asyncio.gather(first, *waiting)
+    return order
+
+
+def test_an_urgent_round_gets_the_next_slot_before_earlier_waiters() -> None:
+    assert asyncio.run(_order()) == ["busy", "new-job", "pod-event-0", "pod-event-1", "pod-event-2"]
+
+
+async def _cancelled_waiter() -> tuple[int, bool]:
+    slots = Slots(1)
+    await slots.acquire(urgent=False)
+    waiter = asyncio.create_task(slots.acquire(urgent=True))
+    await asyncio.sleep(0)
+    waiter.cancel()
+    await asyncio.gather(waiter, return_exceptions=True)
+    slots.release()  # the cancelled waiter must not swallow the slot
+    late = asyncio.create_task(slots.acquire(urgent=False))
+    await asyncio.sleep(0)
+    return slots.free, late.done()
+
+
+def test_a_cancelled_waiter_does_not_take_a_slot_with_it() -> None:
+    assert asyncio.run(_cancelled_waiter()) == (0, True)
+
+
+async def _failure(error: Exception) -> list[tuple[float, Key, bool]]:
     wakeups = Wakeups()
     queue = WorkQueue(slots=1, wakeups=wakeups)
 
@@ -89,8 +128,8 @@ async def _failure(error: Exception) -> list[tuple[float, Key]]:
     assert not await queue.run(("ns", "a"), failing)
     filed = []
     while not wakeups.inbox.empty():
-        due, key = wakeups.inbox.get_nowait()
-        filed.append((round(due - start), key))
+        due, key, reread = wakeups.inbox.get_nowait()
+        filed.append((round(due - start), key, reread))
     return filed
 
 
@@ -105,4 +144,4 @@ async def _failure(error: Exception) -> list[tuple[float, Key]]:
 def test_a_failed_round_is_filed_as_one_wakeup_after_the_delay_its_cause_asks_for(
     error: Exception, delay: float
 ) -> None:
-    assert asyncio.run(_failure(error)) == [(round(delay), ("ns", "a"))]
+    assert asyncio.run(_failure(error)) == [(round(delay), ("ns", "a"), True)]

@@ -85,9 +85,9 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: ko
     scrapes = await serve(build_metrics_app(), config.metrics_port, gate=ConnectionGate(observed=False))
     memo["runners"] = [progress[0], scrapes[0]]
 
-    async def wake(key: tuple[str, str]) -> None:
+    async def wake(key: tuple[str, str], reread: bool) -> None:
         if await state.peering.active(key[0]):  # kopf pauses handlers in a standby replica, not our task
-            await reconcile_job(state, key, reread=True)
+            await reconcile_job(state, key, reread=reread)
 
     state.background.append(asyncio.create_task(state.wakeups.run(wake)))
     logger.info("progress endpoint on :%s (HTTPS), metrics on :%s", config.progress_port, config.metrics_port)

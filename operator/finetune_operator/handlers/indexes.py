@@ -124,16 +124,26 @@ def observe(
     )
 
 
+def owned_job(body: Mapping[str, Any]) -> Owned:
+    """An attempt Job as its index keeps it (and as the change check compares it)."""
+    return Owned(owner_uid(body["metadata"]), str(body["metadata"].get("uid")), summarize_job(body))
+
+
+def owned_pod(body: Mapping[str, Any]) -> Owned:
+    """A trainer pod as its index keeps it (and as the change check compares it)."""
+    return Owned(owner_uid(body["metadata"]), str(body["metadata"].get("uid")), summarize_pod(body))
+
+
 @kopf.index("batch", "v1", "jobs", labels=CHILD_LABELS)
 async def ftj_jobs(body: kopf.Body, **_: Any) -> dict[Key, Owned]:
     """Attempt Jobs by owning FineTuneJob."""
-    return {key_of(body.meta): Owned(owner_uid(body.meta), str(body.meta.uid), summarize_job(body))}
+    return {key_of(body.meta): owned_job(body)}
 
 
 @kopf.index("", "v1", "pods", labels=CHILD_LABELS)
 async def ftj_pods(body: kopf.Body, **_: Any) -> dict[Key, Owned]:
     """Trainer pods by FineTuneJob; the owner uid here is the attempt Job's."""
-    return {key_of(body.meta): Owned(owner_uid(body.meta), str(body.meta.uid), summarize_pod(body))}
+    return {key_of(body.meta): owned_pod(body)}
 
 
 @kopf.index("", "v1", "configmaps", labels=CHILD_LABELS)

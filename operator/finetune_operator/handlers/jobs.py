@@ -1,9 +1,11 @@
 """kopf handlers: every trigger that can change what a FineTuneJob needs ends in `reconcile_job`.
 
-The job's own events (first sighting, spec or label changes) and any event of its attempt Jobs and
-trainer pods (found by the job-name label); deadlines, TTLs and the slow safety resync are wake-ups
-(`requeue`), not kopf timers, so no finalizer is ever put on a FineTuneJob. Handlers are thin:
-find the job's key, hand it to the reconciler, return None.
+The job's own events (first sighting, spec or label changes: urgent, the job may need children) and
+the events of its attempt Jobs and trainer pods (found by the job-name label) that change what a
+round reads of them (`runtime.ChildTriggers`, on the index's summary of the child); deadlines, TTLs
+and the slow safety resync are wake-ups (`runtime.Wakeups`), not kopf timers, so no finalizer is
+ever put on a FineTuneJob. Handlers are thin: find the job's key, hand it to the reconciler, return
+None.
 
 The job's own events come through `kopf.on.event`, not `on.create/update/resume`: those made kopf
 keep a diff-base for every event (a deep copy of the body) and write a `last-handled-configuration`
@@ -17,10 +19,10 @@ import kopf
 
 from finetune_api import constants
 from finetune_operator import metrics
-from finetune_operator.handlers.indexes import CHILD_LABELS, key_of
+from finetune_operator.handlers.indexes import CHILD_LABELS, Owned, key_of, owned_job, owned_pod
 from finetune_operator.handlers.reconciling import capture_indexes, reconcile_job
 from finetune_operator.handlers.state import OperatorState
-from finetune_operator.runtime import Triggers
+from finetune_operator.runtime import ChildTriggers, Triggers
 
 FTJ = (constants.GROUP, constants.VERSION, constants.PLURAL)
 
@@ -47,23 +49,33 @@ async def finetunejob_event(type: str | None, body: kopf.Body, memo: kopf.Memo, 
         return
     state.bodies.offer(key, body)
     if state.triggers.changed(key, Triggers.signature(body)):
-        await reconcile_job(state, key)
+        await reconcile_job(state, key, urgent=True)
+
+
+def _news(children: ChildTriggers, type: str | None, owned: Owned) -> bool:
+    """Whether a child's event changes what a round reads of it; a deleted child always does."""
+    if type == "DELETED":
+        children.forget(owned.uid)
+        return True
+    return children.changed(owned.uid, owned)
 
 
 @kopf.on.event("batch", "v1", "jobs", labels=CHILD_LABELS, id="attempt_job_event")
-async def attempt_job_event(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
+async def attempt_job_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
     """An attempt's Job changed (created, suspended, failed, completed, deleted): reconcile its job."""
     state = _state(memo)
     capture_indexes(state, kwargs)
-    await reconcile_job(state, key_of(body.meta))
+    if _news(state.children, type, owned_job(body)):
+        await reconcile_job(state, key_of(body.meta))
 
 
 @kopf.on.event("", "v1", "pods", labels=CHILD_LABELS, id="trainer_pod_event")
-async def trainer_pod_event(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
+async def trainer_pod_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
     """A trainer pod changed (scheduled, ready, failed, evicted): reconcile its job. A pod that goes also
     loses its place in the progress endpoint's cache of accepted tokens."""
     state = _state(memo)
     capture_indexes(state, kwargs)
-    if state.progress_auth is not None and (kwargs.get("type") == "DELETED" or body.meta.get("deletionTimestamp")):
+    if state.progress_auth is not None and (type == "DELETED" or body.meta.get("deletionTimestamp")):
         state.progress_auth.forget_pod(str(body.meta.uid))
-    await reconcile_job(state, key_of(body.meta))
+    if _news(state.children, type, owned_pod(body)):
+        await reconcile_job(state, key_of(body.meta))

@@ -41,7 +41,8 @@ log = logging.getLogger(__name__)
 # Keys the progress endpoint owns; the reconciler never writes them, so it cannot undo a push.
 PROGRESS_KEYS = frozenset({"progress", "output"})
 RESYNC_JITTER = 0.1
-# A change of only the ready count or messages is written at most once a second per job (`only_details_changed`).
+# A change of only the ready count or messages waits a second, and is written at most once a second per job
+# (`only_details_changed`): a burst's "1/2 ready" then goes out with the "Running" that follows it.
 STATUS_BATCH_SECONDS = 1.0
 FAILURE_REASONS = frozenset(
     {"InvalidSpec", "PermanentError", "BackoffLimitExceeded", "DeadlineExceeded", "NameConflict", "FieldConflict"}
@@ -62,13 +63,16 @@ def capture_indexes(state: OperatorState, kwargs: dict[str, Any]) -> None:
         state.indexes.update({k: kwargs[k] for k in ("ftj_jobs", "ftj_pods", "ftj_configmaps", "ftj_services")})
 
 
-async def reconcile_job(state: OperatorState, key: Key, reread: bool = False) -> None:
+async def reconcile_job(state: OperatorState, key: Key, reread: bool = False, urgent: bool = False) -> None:
     """Reconcile until no new trigger arrived meanwhile; triggers during a run are coalesced.
 
-    `reread`: GET the job first instead of trusting the watch's view (timer wake-ups).
+    `reread`: GET the job first instead of trusting the watch's view (the resync, retries after errors).
+    `urgent`: the round goes before the others (a new job, or its spec changed: children to create).
     """
-    if await state.queue.run(key, lambda k, fresh: _reconcile_once(state, k, fresh), reread=reread):
+    round_ = lambda k, fresh: _reconcile_once(state, k, fresh)  # noqa: E731
+    if await state.queue.run(key, round_, reread=reread, urgent=urgent):
         state.status_written.pop(key, None)  # the job is gone
+        state.details_seen.pop(key, None)
 
 
 def _entries(state: OperatorState, name: str, key: Key) -> list[Any]:
@@ -125,7 +129,10 @@ async def _reconcile_once(state: OperatorState, key: Key, reread: bool = False) 
     elif actions.requeue_after is not None or actions.status.phase not in TERMINAL_PHASES:
         # Jittered, so the jobs of one burst do not all come back in the same second.
         resync = state.config.resync_seconds * random.uniform(1 - RESYNC_JITTER, 1)
-        state.wakeups.schedule(key, min(actions.requeue_after or resync, resync))
+        if actions.requeue_after is not None and actions.requeue_after < resync:
+            state.wakeups.schedule(key, actions.requeue_after)  # a deadline or TTL: what we know is current
+        else:
+            state.wakeups.schedule(key, resync, reread=True)  # the safety net: does not trust the watch
     return True
 
 
@@ -223,11 +230,16 @@ async def _write_status(state: OperatorState, body: dict[str, Any], job: FineTun
     delta: dict[str, Any] = {k: v for k, v in new.items() if old.get(k) != v}
     delta |= {k: None for k, v in old.items() if k not in new and k not in PROGRESS_KEYS and v is not None}
     key = (job.namespace, job.name)
-    since_write = time.monotonic() - state.status_written.get(key, -math.inf)
-    if delta and since_write < STATUS_BATCH_SECONDS and only_details_changed(old, {**old, **delta}):
-        # a ready count moving again within the second: written by this wake-up (or a sooner round)
-        state.wakeups.schedule(key, STATUS_BATCH_SECONDS - since_write)
-        delta = {}
+    now = time.monotonic()
+    if delta and only_details_changed(old, {**old, **delta}):
+        since_write = now - state.status_written.get(key, -math.inf)
+        since_seen = now - state.details_seen.setdefault(key, now)
+        wait = STATUS_BATCH_SECONDS - min(since_write, since_seen)
+        if wait > 0:  # written by this wake-up, or sooner with news (a phase change) from another round
+            state.wakeups.schedule(key, wait)
+            delta = {}
+    elif not delta:
+        state.details_seen.pop(key, None)  # what waited is no longer a change
     if delta:
         await _patch_status(state, body, delta)
     for transition in actions.transitions:
@@ -277,5 +289,6 @@ async def _patch_status(state: OperatorState, body: dict[str, Any], status: dict
     key = (body["metadata"]["namespace"], body["metadata"]["name"])
     written = await state.kube.patch_status(*key, status)
     state.status_written[key] = time.monotonic()
+    state.details_seen.pop(key, None)
     if written is not None:
         state.bodies.offer(key, written)

@@ -15,7 +15,7 @@ from finetune_operator.handlers.kube import Kube
 from finetune_operator.policy import PodPolicy
 from finetune_operator.progress.auth import Authenticator
 from finetune_operator.render import RenderOptions
-from finetune_operator.runtime import Bodies, Key, PeeringGate, Triggers, Wakeups, WorkQueue
+from finetune_operator.runtime import Bodies, ChildTriggers, Key, PeeringGate, Triggers, Wakeups, WorkQueue
 
 
 @dataclass(frozen=True)
@@ -61,10 +61,13 @@ class OperatorState:
     """kopf's index views, captured from the first handler call for the wake-up task."""
     background: list["asyncio.Task[Any]"] = field(default_factory=list)
     triggers: Triggers = field(default_factory=Triggers)
+    children: ChildTriggers = field(default_factory=ChildTriggers)
     bodies: Bodies = field(default_factory=Bodies)
     wakeups: Wakeups = field(default_factory=Wakeups)
     status_written: dict[Key, float] = field(default_factory=dict)
     """When each job's status was last written (monotonic clock), to batch ready-count changes."""
+    details_seen: dict[Key, float] = field(default_factory=dict)
+    """Since when each job has a ready-count or message change waiting to be written (monotonic clock)."""
     admissions: AdmissionCache = field(default_factory=AdmissionCache)
     """Each job's admission (validity and memory plan) per spec generation: `reconcile` admits once a round."""
     progress_auth: Authenticator | None = None

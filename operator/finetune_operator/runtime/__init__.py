@@ -24,7 +24,8 @@ finalizer on every job. The machinery below replaced it; with it the same bench 
   task (controller-runtime's RequeueAfter), not a kopf timer (and finalizer) per job.
 * `bodies.Bodies`: the newest body of each job from its watch events and our own status writes, so an
   event-driven round does not GET the job.
-* `triggers.Triggers`: which of a job's own events call for a round (our status writes do not).
+* `triggers.Triggers`, `triggers.ChildTriggers`: which events call for a round (our own status writes do
+  not, nor a child's event that changes nothing the round reads of it).
 * `peering.PeeringGate`: kopf's peering rule applied to our own tasks (kopf pauses only its handlers).
 * `errors.RetryLaterError`: a round's "try again in N seconds", caught by the work queue.
 
@@ -38,11 +39,12 @@ from finetune_operator.runtime.errors import RetryLaterError
 from finetune_operator.runtime.keys import Key
 from finetune_operator.runtime.peering import PeeringGate, outranked
 from finetune_operator.runtime.queueing import WorkQueue
-from finetune_operator.runtime.triggers import Signature, Triggers
+from finetune_operator.runtime.triggers import ChildTriggers, Signature, Triggers
 from finetune_operator.runtime.wakeups import Wakeups
 
 __all__ = [
     "Bodies",
+    "ChildTriggers",
     "Key",
     "PeeringGate",
     "RetryLaterError",

@@ -1,10 +1,16 @@
-"""Which of a FineTuneJob's own events call for a reconcile (`Triggers`).
+"""Which events call for a reconcile: of a FineTuneJob itself (`Triggers`), of its children (`ChildTriggers`).
 
 The job's events reach us through `kopf.on.event` (kopf's on.create/update made it deep-copy every
 event's body for a diff-base and patch an annotation per job: 16% of the operator's CPU and one API
 write per job in a burst). Most of those events are our own status writes and progress pushes, which
 change nothing a reconcile reads; this check lets through only the first sighting and changes of uid,
 generation (the spec), labels or deletion.
+
+A child's events (attempt Jobs, trainer pods) call for a round only when what the round reads of the
+child changed: the summary its index keeps (`handlers/indexes.py`). Most of a child's events change
+nothing there (a Job's active and ready counts, a pod's probe times and IPs), and in a 1,000-job burst
+each was a round (a pydantic validation of the job, the pure reconcile, a status diff) competing for a
+slot with the jobs that still wait for their children.
 """
 
 from collections.abc import Mapping
@@ -38,3 +44,20 @@ class Triggers:
 
     def forget(self, key: Key) -> None:
         self.seen.pop(key, None)
+
+
+@dataclass
+class ChildTriggers:
+    """What of each child (by uid) the reconciler last reacted to: the summary its index keeps."""
+
+    seen: dict[str, object] = field(default_factory=dict)
+
+    def changed(self, uid: str, summary: object) -> bool:
+        """True (and remembered) when the child is new to this process or its summary differs from the last."""
+        if uid in self.seen and self.seen[uid] == summary:
+            return False
+        self.seen[uid] = summary
+        return True
+
+    def forget(self, uid: str) -> None:
+        self.seen.pop(uid, None)
