@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from finetune_api.termination import TerminationRecord
-from finetune_trainer import output
+from finetune_trainer import output as console  # train() has a local `output` (the checkpoint directory)
 from finetune_trainer.compat import zero3_checkpointing_problem
 from finetune_trainer.errors import (
     EXIT_SIGTERM,
@@ -104,7 +104,7 @@ def train(config_path: str) -> int:
         callbacks=callbacks,
     )
     console_callbacks(trainer)
-    output.adopt_loggers()  # DeepSpeed's, imported by now
+    console.adopt_loggers()  # DeepSpeed's, imported by now
     result = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
     if sigterm.stopped:
         log.warning(
@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m finetune_trainer", description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True, help="path to trainer.json")
     ns = parser.parse_args(argv)
-    output.setup()
+    console.setup()
     try:
         return train(ns.config)
     except PermanentError as e:
@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         _leave_process_group()
-        output.finish()
+        console.finish()
 
 
 def _leave_process_group() -> None:

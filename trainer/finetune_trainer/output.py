@@ -201,8 +201,9 @@ class Output:
     def install(self) -> None:
         """Make this the process's only console output for logging and (unless verbose) warnings."""
         root = logging.getLogger()
-        for old in list(root.handlers):
-            root.removeHandler(old)
+        for old in list(root.handlers):  # a console handler set up before (basicConfig) would print lines twice
+            if isinstance(old, logging.StreamHandler) and old.stream in (sys.stderr, sys.stdout):
+                root.removeHandler(old)
         root.addHandler(self.handler)
         root.setLevel(self.settings.root_level)
         for name in OWN_LOGGERS:  # our modules may have set a level of their own before
