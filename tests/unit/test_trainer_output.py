@@ -64,10 +64,11 @@ def test_the_same_text_from_another_logger_is_the_same_warning() -> None:
     assert f.summary() is not None and f.summary().startswith("1 warning repeated 1 more time ")  # type: ignore[union-attr]
 
 
-def test_errors_and_our_own_lines_are_never_filtered() -> None:
+def test_errors_info_lines_and_our_own_lines_are_never_filtered() -> None:
     f = RepeatFilter()
     for _ in range(3):
         assert f.filter(record("torch.distributed", logging.ERROR, "collective failed"))
+        assert f.filter(record("httpx", logging.INFO, "HTTP Request: PUT ... 200 OK"))
         assert f.filter(record("finetune_trainer.checkpoints", logging.WARNING, "same words"))
         assert f.filter(record("finetune_trainer", logging.INFO, "same words"))
     assert f.summary() is None

@@ -6,12 +6,14 @@ transformers' own warnings the same way. The useful lines were lost among them. 
 unset or `info`):
 
 - every log record goes through one handler on the root logger, in one format that names the rank and the full
-  logger name; transformers' and datasets' own stderr handlers are replaced by propagation to it;
+  logger name; transformers' and datasets' own stderr handlers, and DeepSpeed's stdout one (`adopt_loggers`), are
+  replaced by propagation to it;
 - a Python warning (`warnings.warn`) becomes one log line on the `py.warnings` logger, naming its category and
   where it was raised;
 - a warning from a third-party logger or the warnings module is shown the first time its text appears; later
   occurrences are counted (`RepeatFilter`) and `finish` prints one line saying how many were left out;
-- ranks other than 0 print errors only: the other ranks repeat rank 0's lines, warnings included.
+- ranks other than 0 print errors only: the other ranks repeat rank 0's lines, warnings included;
+- no library prints progress bars; our own (`finetune_trainer.progress.ProgressBar`) only on rank 0 in a terminal.
 
 `FTJOB_LOG_LEVEL=debug` (what `ftjob run --verbose` sets) brings everything back: every warning every time, every
 rank, and debug lines; `warning` and `error` make the main process quieter still. `FTJOB_LOG_LEVEL` accepts the
@@ -56,8 +58,8 @@ LIBRARY_BARS = (
     ("huggingface_hub.utils", "disable_progress_bars"),
     ("transformers.utils.logging", "disable_progress_bar"),
 )
-"""The switches that turn off the libraries' own tqdm bars (tokenizing, packing, downloads): off wherever our bar
-would be (`show_bar`), since in a log file each bar is a screenful of lines."""
+"""The switches that turn off the libraries' own tqdm bars (tokenizing, packing, downloads): off unless a bar may be
+shown (`show_bar`: rank 0, in a terminal), since in a log file each bar is a screenful of lines."""
 ADOPTED_LOGGERS = ("DeepSpeed",)
 """Loggers a library sets up at import with a stream handler of its own and no propagation (DeepSpeed: stdout, at
 WARNING, on every rank); `adopt_loggers` makes them ours once the library is imported."""
@@ -109,7 +111,8 @@ class RepeatFilter(logging.Filter):
     """Lets the first record of each third-party warning text through and counts the later ones.
 
     The key is the level and the formatted message, not the place it came from: the same deprecation raised
-    from two call sites is one warning to the reader. Errors and our own loggers' records always pass."""
+    from two call sites is one warning to the reader. Errors, other levels and our own loggers' records always
+    pass (a library's info lines, say each upload of a push, are distinct events)."""
 
     def __init__(self, own: tuple[str, ...] = OWN_LOGGERS) -> None:
         super().__init__()
@@ -118,7 +121,7 @@ class RepeatFilter(logging.Filter):
         """Each distinct text seen (level-prefixed) → how many later occurrences were left out."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno >= logging.ERROR or record.name.split(".", 1)[0] in self.own:
+        if record.levelno != logging.WARNING or record.name.split(".", 1)[0] in self.own:
             return True
         key = f"{record.levelname}:{record.getMessage()}"
         if key in self.repeats:
