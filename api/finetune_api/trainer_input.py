@@ -9,7 +9,9 @@ Layout (schemaVersion 2): an envelope around the spec's own sections, resolved.
 * `output` is where the trainer writes in its pod (checkpoint and adapter directories) and the Hub target
   (`HubTarget`: spec.output.hub without `tokenSecretRef`); the volume behind the directories is the operator's.
 * `strategy` is what the operator decided and the trainer must follow: machines and processes, the ZeRO stage
-  (`zeroStage: auto` resolved by the planner), CPU or GPU, and the dtype the base model is loaded in.
+  (`zeroStage: auto` resolved by the planner), CPU or GPU, the dtype the base model is loaded in, and which decoder
+  layers are checkpointed. `training.gradientCheckpointing` and `training.offloadActivations` arrive resolved too:
+  `auto` never reaches the trainer (the planner's choice, `finetune_operator.plan`).
 * `job` names the run, for the model card and the progress channel.
 
 So a new training option is two edits: the field on the API model (`TrainingSpec`, with its description) and one
@@ -89,6 +91,14 @@ class RunStrategy(ApiModel):
         description=(
             "The dtype the base model is loaded in: the 4-bit storage dtype under QLoRA (so ZeRO-3 can shard it), "
             "else the one training.mixedPrecision computes in."
+        ),
+    )
+    checkpointed_layers: int | None = Field(
+        default=None,
+        ge=1,
+        description=(
+            "With training.gradientCheckpointing: how many decoder layers are checkpointed, spread evenly from the "
+            "first (the planner's choice: as few as the GPU needs); none checkpoints every layer."
         ),
     )
 

@@ -27,8 +27,8 @@ def format_plan(job: FineTuneJob, plan: Plan) -> str:
         f"  gpus              {dist.nodes} node(s) x {dist.gpus_per_node} = {gpus}, {dist.gpu_memory_gi_b:g} GiB each"
         if gpus
         else f"  cpu               {dist.nodes} node(s) x {dist.processes_per_node} process(es), no GPU",
-        f"  tokens per gpu    {spec.training.per_device_train_batch_size} x {spec.dataset.max_seq_len}"
-        f"  (gradient checkpointing {'on' if spec.training.gradient_checkpointing else 'off'})",
+        f"  tokens per gpu    {spec.training.per_device_train_batch_size} x {spec.dataset.max_seq_len}",
+        f"  checkpointing     {plan.checkpointing_summary}",
         f"  strategy          ZeRO-{plan.strategy.zero_stage}"
         + (" (plain data parallel)" if plan.strategy.zero_stage == 0 else "")
         + f", offload {plan.strategy.offload}",

@@ -279,6 +279,7 @@ def plan_summary(plan: Plan) -> PlanSummary:
             "offload": plan.strategy.offload,
             "estimatedGPUMemory": memory_quantity(plan.estimate.peak_gib),
             "reason": plan.reason[:1024],
+            "gradientCheckpointing": plan.checkpointing_summary[:512],
         }
     )
 

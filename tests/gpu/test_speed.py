@@ -148,3 +148,69 @@ def test_resolve_levers_rules():
     assert speed.resolve_levers(_cfg(), cuda=False, env={"FTJOB_SPEED": "varlen"}) == {"varlen"}
     with pytest.raises(ValueError):
         speed.parse_levers("warp-drive")
+
+
+def test_checkpointed_layer_indices_spread_from_the_first():
+    assert speed.checkpointed_layer_indices(32, 0) == []
+    assert speed.checkpointed_layer_indices(32, 1) == [0]
+    assert speed.checkpointed_layer_indices(32, 4) == [0, 8, 16, 24]
+    assert speed.checkpointed_layer_indices(32, 11) == [0, 2, 5, 8, 11, 14, 17, 20, 23, 26, 29]
+    assert speed.checkpointed_layer_indices(32, 32) == list(range(32))
+    assert len(speed.checkpointed_layer_indices(80, 47)) == 47
+
+
+def _tiny_llama_layers(layers: int):
+    cfg = transformers.LlamaConfig(
+        vocab_size=97,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa", dtype=torch.float64)
+
+
+def test_checkpoint_only_checkpoints_the_planned_layers_and_keeps_gradients_exact():
+    """Partial checkpointing (gradientCheckpointing: auto's middle ground): exactly the planned layers recompute,
+    through transformers' own enable path, and the gradients equal those without checkpointing (float64)."""
+    ids = torch.randint(0, 97, (2, 24), generator=torch.Generator().manual_seed(3))
+
+    def grads(model):
+        model.train()
+        model.zero_grad()
+        model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    reference = grads(_tiny_llama_layers(6))
+    model = _tiny_llama_layers(6)
+    speed.checkpoint_only(model, 2)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    flags = [layer.gradient_checkpointing for layer in model.model.layers]
+    assert flags == [True, False, False, True, False, False]
+    recomputed: list[int] = []
+    for index, layer in enumerate(model.model.layers):  # counted by wrapping forward (hooks do not rerun here)
+
+        def counted(*args, _forward=layer.mlp.forward, _index=index, **kwargs):
+            recomputed.append(_index)
+            return _forward(*args, **kwargs)
+
+        layer.mlp.forward = counted
+    ours = grads(model)
+    # each layer's MLP runs once in the forward pass; the checkpointed ones once more in the backward pass
+    assert sorted(recomputed) == sorted([*range(6), 0, 3])
+    assert ours.keys() == reference.keys()
+    for name, grad in reference.items():
+        assert torch.equal(ours[name], grad), name
+    model.gradient_checkpointing_disable()
+    assert not any(layer.gradient_checkpointing for layer in model.model.layers)
+
+
+def test_resolve_levers_reads_the_planners_checkpointing():
+    """trainer.json carries the planner's resolved choice: off gets compile, any checkpointing does not."""
+    off = speed.resolve_levers(_cfg(training={"gradientCheckpointing": False}), cuda=True, env={})
+    partial = _cfg(training={"gradientCheckpointing": True}, strategy={"checkpointedLayers": 11})
+    assert "compile" in off
+    assert "compile" not in speed.resolve_levers(partial, cuda=True, env={})

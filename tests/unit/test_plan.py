@@ -1,8 +1,20 @@
 """The planner: estimates by component and the `auto` choice."""
 
+import itertools
+
 import pytest
 
-from finetune_operator.plan import GIB, Strategy, estimate_memory, lora_parameter_count, plan_job
+from finetune_api.v1alpha1.errors import InvalidSpecError
+from finetune_api.v1alpha1.resource import FineTuneJob
+from finetune_operator.plan import (
+    FIT_MARGIN,
+    GIB,
+    Checkpointing,
+    Strategy,
+    estimate_memory,
+    lora_parameter_count,
+    plan_job,
+)
 from tests.builders import job
 
 
@@ -88,3 +100,95 @@ def test_zero3_without_zero_init_also_loads_the_whole_model_on_each_gpu() -> Non
     no_init = spec.distributed.deepspeed.model_copy(update={"zero3_init": False})
     spec = spec.model_copy(update={"distributed": spec.distributed.model_copy(update={"deepspeed": no_init})})
     assert estimate_memory(spec, shape, Strategy(3)).loading / GIB > shape.num_parameters * 2 / GIB
+
+
+def _one_gpu_8b(batch: int, gpu_gib: float = 140, **training: object) -> FineTuneJob:
+    """The bench workload (Llama-3-8B shape, LoRA r=8, seq 2048) on one GPU, as a user writes it."""
+    return job(
+        model="meta-llama/Meta-Llama-3-8B",
+        gpus=1,
+        zero="auto",
+        dataset={"name": "org/data", "textField": "text", "maxSeqLen": 2048},
+        training={"perDeviceTrainBatchSize": batch, **training},
+        distributed={"nodes": 1, "gpusPerNode": 1, "gpuMemoryGiB": gpu_gib, "deepspeed": {"zeroStage": "auto"}},
+    )
+
+
+def test_auto_checkpointing_is_the_default_and_off_when_the_step_fits() -> None:
+    """4 x 2048 tokens of 8B on a 140 GiB GPU: 70.7 GiB without checkpointing (measured 68.7 on the device) fits
+    90% of the GPU, so nothing is recomputed."""
+    spec = _one_gpu_8b(4).spec
+    assert spec.training.gradient_checkpointing == "auto"
+    plan = plan_job(spec)
+    assert plan.checkpointing == Checkpointing(0, 32)
+    assert plan.estimate.peak_gib == pytest.approx(70.7, abs=0.1)
+    assert plan.estimate.parts["activations"] == 8192 * 32 * (8 * 4096 + 5 * 14336) * 2
+    assert plan.checkpointing_summary.startswith("off: auto: 70.7 GiB fits 90% of 140 GiB")
+
+
+def test_auto_checkpoints_the_fewest_layers_that_fit() -> None:
+    """The same job told its GPU has 60 GiB: 11 of 32 layers is the fewest that fit (53.9 GiB; 10 need 55.4 > 54).
+    Measured (bench run 13): 51.9 GiB on the device."""
+    spec = _one_gpu_8b(4, gpu_gib=60).spec
+    plan = plan_job(spec)
+    assert plan.checkpointing == Checkpointing(11, 32)
+    assert plan.fits and plan.estimate.peak_gib == pytest.approx(53.9, abs=0.1)
+    ten = estimate_memory(spec, plan.shape, plan.strategy, Checkpointing(10, 32))
+    assert ten.peak_gib > 60 * FIT_MARGIN >= plan.estimate.peak_gib
+    assert "11 of 32 layers: auto" in plan.checkpointing_summary and "10 of 32 layers" in plan.checkpointing_summary
+    per_layer_full = 8192 * (8 * 4096 + 5 * 14336) * 2
+    assert plan.estimate.parts["activations (layers not checkpointed)"] == 21 * per_layer_full
+    assert plan.estimate.parts["activations (checkpointed)"] == 11 * 8192 * 4096 * 2
+    assert "activations (layer in recompute)" not in plan.estimate.parts
+
+
+def test_auto_checkpoints_every_layer_then_offloads_when_less_is_not_enough() -> None:
+    """26 GiB: 31 of 32 layers (23.3 GiB); 25 GiB: every layer (21.7 GiB: the kept hidden states plus what one
+    layer's recompute needs beyond the logits, which are freed before it; measured in bench run 13: 21.1 GiB on the
+    device); 24 GiB: every layer with the checkpoints in host memory (19.7 GiB)."""
+    assert plan_job(_one_gpu_8b(4, gpu_gib=26).spec).checkpointing == Checkpointing(31, 32)
+    every = plan_job(_one_gpu_8b(4, gpu_gib=25).spec)
+    assert every.checkpointing == Checkpointing(32, 32)
+    assert every.estimate.peak_gib == pytest.approx(21.7, abs=0.1)
+    # one layer's recompute (1.59 GiB) fits in what the logits held (1.96 GiB at a 128k vocabulary)
+    assert 8192 * (8 * 4096 + 5 * 14336) * 2 < every.estimate.parts["logits + loss"]
+    assert every.estimate.parts["activations (layer in recompute)"] == 0
+    offloaded = plan_job(_one_gpu_8b(4, gpu_gib=24).spec)
+    assert offloaded.checkpointing == Checkpointing(32, 32, offload=True)
+    assert "activations (checkpointed)" not in offloaded.estimate.parts
+    assert offloaded.estimate.total < every.estimate.total
+    assert offloaded.checkpointing_summary.startswith("all 32 layers, checkpoints in host memory: auto: 19.7 GiB")
+
+
+def test_more_layers_checkpointed_never_needs_more_memory() -> None:
+    spec = _one_gpu_8b(16).spec
+    shape = plan_job(spec).shape
+    peaks = [estimate_memory(spec, shape, Strategy(0), Checkpointing(n, 32)).peak_gib for n in range(33)]
+    assert all(a > b for a, b in itertools.pairwise(peaks))
+    assert peaks[0] > 200 > 50 > peaks[32]
+
+
+def test_explicit_checkpointing_is_kept_even_when_auto_would_choose_otherwise() -> None:
+    on = plan_job(_one_gpu_8b(4, gradientCheckpointing=True).spec)
+    assert on.checkpointing == Checkpointing(32, 32) and on.checkpointing_reason == "as requested"
+    with pytest.raises(InvalidSpecError, match="no ZeRO strategy fits 60 GiB"):
+        plan_job(_one_gpu_8b(4, gpu_gib=60, gradientCheckpointing=False).spec)
+    offload = plan_job(_one_gpu_8b(4, offloadActivations=True).spec)
+    assert offload.checkpointing == Checkpointing(32, 32, offload=True)
+
+
+def test_auto_checkpointing_is_tried_at_each_zero_stage_before_the_next() -> None:
+    """70B LoRA on 8 GPUs at the seed's batch: ZeRO-0..2 cannot hold the bf16 model whatever is checkpointed; ZeRO-3
+    fits, and there checkpointing decides: 8 x 2048 tokens need some layers checkpointed."""
+    spec = job(model="meta-llama/Llama-2-70b-hf", zero="auto", gpus=8, training={"perDeviceTrainBatchSize": 8}).spec
+    plan = plan_job(spec)
+    assert plan.strategy == Strategy(3)
+    assert plan.chosen_checkpointing.enabled and plan.fits
+    assert "ZeRO" not in plan.checkpointing_summary
+
+
+def test_a_cpu_job_with_auto_checkpointing_recomputes_nothing() -> None:
+    spec = job(model="builtin:tiny-llama", gpus=0, zero=0).spec
+    plan = plan_job(spec)
+    assert plan.checkpointing == Checkpointing(0, 2)
+    assert "CPU job" in plan.checkpointing_summary

@@ -133,6 +133,11 @@ RULE_CASES: list[tuple[str, dict[str, Any]]] = [
         "activations offloaded without checkpointing",
         with_spec("training", {"gradientCheckpointing": False, "offloadActivations": True}),
     ),
+    ("checkpointing that is a word", with_spec("training.gradientCheckpointing", "sometimes")),
+    (
+        "activations offloaded with auto checkpointing",
+        with_spec("training", {"gradientCheckpointing": "auto", "offloadActivations": True}),
+    ),
     ("activations offloaded with checkpointing by default", with_spec("training", {"offloadActivations": True})),
     ("a warm-up as both a ratio and steps", with_spec("training", {"warmupRatio": 0.03, "warmupSteps": 10})),
     ("a warm-up ratio with warmupSteps 0", with_spec("training", {"warmupRatio": 0.03, "warmupSteps": 0})),
@@ -214,6 +219,10 @@ CASE_FINDINGS = {
         )
     ],
     "a zero stage that is a word": [("spec.distributed.deepspeed.zeroStage", "zeroStage must be 0, 1, 2, 3 or 'auto'")],
+    "checkpointing that is a word": [
+        ("spec.training.gradientCheckpointing", "gradientCheckpointing must be true, false or 'auto'")
+    ],
+    "activations offloaded with auto checkpointing": [],
     "a toleration of every taint, second in the list": [
         (
             "spec.template.tolerations[1]",

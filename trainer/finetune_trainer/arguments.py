@@ -38,6 +38,13 @@ def checkpointing_kwargs(t: TrainingSpec) -> dict[str, Any]:
     return kwargs
 
 
+def checkpointing_on(cfg: TrainerInput) -> bool:
+    """training.gradientCheckpointing as the operator resolved it; `auto` (a trainer.json not written by the
+    operator's planner) is read as on, the choice that cannot run out of memory for want of it. Which layers are
+    checkpointed is `strategy.checkpointedLayers` (applied to the model by `finetune_trainer.speed`)."""
+    return cfg.training.gradient_checkpointing is not False
+
+
 def build_sft_config(cfg: TrainerInput) -> SFTConfig:
     """Translate trainer.json into SFTConfig; precision and saving rules are decided here and logged once."""
     from trl.trainer.sft_config import SFTConfig
@@ -87,8 +94,8 @@ def build_sft_config(cfg: TrainerInput) -> SFTConfig:
         per_device_train_batch_size=t.per_device_train_batch_size,
         per_device_eval_batch_size=t.per_device_eval_batch_size,
         gradient_accumulation_steps=t.gradient_accumulation_steps,
-        activation_checkpointing=t.gradient_checkpointing,
-        activation_checkpointing_kwargs=checkpointing_kwargs(t) if t.gradient_checkpointing else None,
+        activation_checkpointing=checkpointing_on(cfg),
+        activation_checkpointing_kwargs=checkpointing_kwargs(t) if checkpointing_on(cfg) else None,
         logging_strategy="steps",
         logging_steps=t.logging_steps,
         logging_first_step=True,

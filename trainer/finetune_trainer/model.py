@@ -149,4 +149,8 @@ def load_model(cfg: TrainerInput, path: str, tokenizer: Any, *, cuda: bool, zero
         packing=cfg.dataset.packing,
         quantized=cfg.model.quantization is not None,
     )
+    # gradientCheckpointing: auto may checkpoint only some decoder layers (the planner's count)
+    count = cfg.strategy.checkpointed_layers
+    if count is not None and cfg.training.gradient_checkpointing is not False:
+        speed.checkpoint_only(model, count)
     return model

@@ -11,6 +11,10 @@
 * `compile`: `torch.compile` of each decoder layer.
 * `fused_adamw`: torch's fused AdamW (only where the Trainer owns the optimizer step: no DeepSpeed).
 
+Besides the levers, `checkpoint_only` checkpoints only the planner's count of decoder layers (trainer.json's
+`strategy.checkpointedLayers`; `gradientCheckpointing: auto` in operator/finetune_operator/plan.py): the layers
+left out keep their activations and skip the recompute.
+
 Nothing here changes what is trained: same parameters, same data, same loss (up to kernel rounding).
 
 Which levers run is decided by `resolve_levers` (automatic, CUDA only; bench/README.md has the measurements behind
@@ -70,7 +74,8 @@ def resolve_levers(cfg: TrainerInput, *, cuda: bool, env: dict[str, str] | None 
     quantized = cfg.model.quantization is not None
     if cfg.dataset.packing:
         levers.add("varlen")
-    if stage == 0 and not cfg.training.gradient_checkpointing and not quantized:
+    # gradientCheckpointing arrives resolved by the planner (auto: off when the step fits the GPU)
+    if stage == 0 and cfg.training.gradient_checkpointing is False and not quantized:
         levers.add("compile")
     elif importlib.util.find_spec("liger_kernel") is not None:
         levers.add("liger")
@@ -259,7 +264,14 @@ def apply_liger(model: Any) -> bool:
     return True
 
 
-def compile_layers(model: Any) -> int:
+COMPILE_DYNAMIC: bool | None = None
+"""`dynamic` for torch.compile of the decoder layers: None is PyTorch's automatic dynamic shapes (the first shape
+compiled static, a dimension seen to change recompiled once as dynamic); True makes every dimension dynamic from
+the first step. Packed batches of varying-length documents change the token count and the number of documents
+every step (bench/README.md, "Recompiles")."""
+
+
+def compile_layers(model: Any, dynamic: bool | None = None) -> int:
     """torch.compile every decoder layer (the embedding and TRL's LM head stay eager); returns how many."""
     layers = None
     for path in ("model.layers", "model.model.layers", "base_model.model.model.layers"):
@@ -275,8 +287,42 @@ def compile_layers(model: Any) -> int:
         log.warning("speed: no decoder layers found to compile")
         return 0
     for layer in layers:
-        layer.compile()
+        layer.compile(dynamic=COMPILE_DYNAMIC if dynamic is None else dynamic)
     return len(layers)
+
+
+def checkpointed_layer_indices(total: int, count: int) -> list[int]:
+    """`count` of `total` decoder layers, spread evenly from the first: after the backward pass has freed the full
+    layers above a checkpointed one, its recompute never raises the peak (the planner's estimate assumes this)."""
+    count = max(0, min(count, total))
+    return sorted({(i * total) // count for i in range(count)}) if count else []
+
+
+def checkpoint_only(model: Any, count: int) -> None:
+    """Make activation checkpointing, whenever it is turned on (by the Trainer, or PEFT's k-bit preparation),
+    checkpoint only `count` decoder layers (`checkpointed_layer_indices`); the rest keep their activations.
+
+    transformers' `_set_gradient_checkpointing` sets every decoder layer's `gradient_checkpointing` flag (every
+    `every_n_layers`-th one); this wraps it on the model instance and re-sets the flags afterwards, so every path that
+    enables checkpointing goes through it. Same signature as the original (transformers inspects it)."""
+    from torch.utils.checkpoint import checkpoint
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    original = model._set_gradient_checkpointing
+
+    def set_gradient_checkpointing(
+        enable: bool = True, gradient_checkpointing_func: Any = checkpoint, every_n_layers: int = 1
+    ) -> None:
+        original(enable=enable, gradient_checkpointing_func=gradient_checkpointing_func, every_n_layers=every_n_layers)
+        if not enable:
+            return
+        layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+        keep = set(checkpointed_layer_indices(len(layers), count))
+        for index, layer in enumerate(layers):
+            layer.gradient_checkpointing = index in keep
+        _once("partial-ckpt", "activation checkpointing: %d of %d decoder layers", len(keep), len(layers))
+
+    model._set_gradient_checkpointing = set_gradient_checkpointing
 
 
 def apply_to_model(model: Any, levers: set[str], *, cuda: bool, packing: bool, quantized: bool = False) -> list[str]:

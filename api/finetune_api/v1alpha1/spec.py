@@ -28,6 +28,17 @@ ZeroStage = Annotated[
     ),
 ]
 Quantity = Annotated[str | int, WithJsonSchema({"x-kubernetes-int-or-string": True})]
+Checkpointing = Annotated[
+    bool | Literal["auto"],
+    # a boolean or the string 'auto': no structural schema types a union, so the field keeps any value and the rule
+    # below (CEL and the model alike) refuses anything else
+    WithJsonSchema({"x-kubernetes-preserve-unknown-fields": True}),
+    ValueRule(
+        "type(self) == bool || (type(self) == string && self == 'auto')",
+        lambda value: isinstance(value, bool) or value == "auto",
+        "gradientCheckpointing must be true, false or 'auto'",
+    ),
+]
 FreeForm = Annotated[
     dict[str, Any],
     WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True}),
@@ -136,11 +147,11 @@ class TrainingSpec(ApiModel):
     @rule(
         ".offloadActivations",
         "!has(self.offloadActivations) || !self.offloadActivations || "
-        "!has(self.gradientCheckpointing) || self.gradientCheckpointing",
+        "!has(self.gradientCheckpointing) || type(self.gradientCheckpointing) == string || self.gradientCheckpointing",
         "training.offloadActivations needs gradientCheckpointing: true (only checkpoints are offloaded)",
     )
     def offloaded_activations_are_checkpoints(self) -> bool:
-        return not self.offload_activations or self.gradient_checkpointing
+        return not self.offload_activations or self.gradient_checkpointing is not False
 
     @rule(
         ".warmupRatio",
@@ -175,7 +186,13 @@ class TrainingSpec(ApiModel):
     per_device_train_batch_size: int = Field(default=8, ge=1, le=65536, description="Default: 8.")
     per_device_eval_batch_size: int = Field(default=8, ge=1, le=65536, description="Default: 8.")
     gradient_accumulation_steps: int = Field(default=1, ge=1, le=65536, description="Default: 1.")
-    gradient_checkpointing: bool = Field(default=True, description="Activation checkpointing. Default: true.")
+    gradient_checkpointing: Checkpointing = Field(
+        default="auto",
+        description="Activation checkpointing: true, false or auto. auto: the memory planner turns it off when the "
+        "training step fits the GPU with headroom (fastest), else checkpoints only as many decoder layers as needed, "
+        "all of them when it must, and with offloadActivations' host copy as the last step; status.plan says what it "
+        "chose and why. Default: auto.",
+    )
     use_reentrant: bool = Field(
         default=False,
         description="Reentrant checkpointing. TRL forces true under PEFT + ZeRO-3. Default: false.",

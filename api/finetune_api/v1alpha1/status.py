@@ -57,7 +57,6 @@ QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti)?$"
 """A Kubernetes quantity in binary units, as status writes memory: `70.7Gi`, `512Mi`."""
 
 
-
 def _repo_id_constraints() -> dict[str, Any]:
     """The spec's own `output.hub.repoId` limits, so a reported repo id cannot be looser than the spec's."""
     found: dict[str, Any] = {}
@@ -155,6 +154,12 @@ class PlanSummary(ApiModel):
         description="Estimated peak GPU memory per GPU, a quantity with its unit (70.7Gi, 512Mi).",
     )
     reason: str = Field(default="", max_length=1024, description="Why this strategy.")
+    gradient_checkpointing: str = Field(
+        default="",
+        max_length=512,
+        description="Activation checkpointing as planned and why: off, `11 of 32 layers`, `all 32 layers`, "
+        "with `checkpoints in host memory` when offloaded; under auto, the estimates that decided it.",
+    )
 
 
 class OutputStatus(ApiModel):

@@ -2,8 +2,9 @@
 
 The spec's sections travel as they are (the API's own models, defaults filled in); this module only adds what the
 operator decides: where the trainer writes in its pod, the Hub target without its Secret, and the strategy (the
-topology, the planner's ZeRO stage, the model's load dtype). It never copies a spec field by name, so a new spec
-option reaches the trainer without an edit here.
+topology, the planner's ZeRO stage, the model's load dtype, the checkpointed layers). It never copies a spec field
+by name, so a new spec option reaches the trainer without an edit here; the two the planner resolves
+(`training.gradientCheckpointing: auto` and the `offloadActivations` it may add) are written as it decided.
 """
 
 from typing import TypeVar
@@ -42,7 +43,13 @@ def render_trainer_input(ctx: RenderContext) -> TrainerInput:
         model=_narrowed(ModelSource, spec.model),
         dataset=spec.dataset.model_copy(deep=True),
         adapter=spec.adapter.model_copy(deep=True),
-        training=spec.training.model_copy(deep=True),
+        training=spec.training.model_copy(
+            deep=True,
+            update={
+                "gradient_checkpointing": plan.chosen_checkpointing.enabled,
+                "offload_activations": plan.chosen_checkpointing.offload,
+            },
+        ),
         output=TrainerOutput(
             checkpoint_dir=checkpoint_dir,
             adapter_dir=f"{checkpoint_dir}/{constants.ADAPTER_SUBDIR}",
@@ -54,5 +61,6 @@ def render_trainer_input(ctx: RenderContext) -> TrainerInput:
             zero_stage=plan.strategy.zero_stage,
             use_cpu=topology.use_cpu,
             dtype=model_dtype(spec),
+            checkpointed_layers=plan.chosen_checkpointing.layers if plan.chosen_checkpointing.partial else None,
         ),
     )
