@@ -165,10 +165,13 @@ def test_screen_of_a_status_this_version_cannot_read_still_shows_the_phase_and_w
 def test_long_lines_are_cut_to_the_width_and_color_marks_only_the_phase() -> None:
     b = body(message="x" * 300)
     text = render_screen(b, now=NOW, width=60)
-    assert all(len(line) <= 60 for line in text.splitlines()[1:])
+    assert all(len(line) <= 60 for line in text.splitlines())
+    assert text.splitlines()[0] == "FineTuneJob ml/demo   Running   attempt 2 (1 restart)   nod…"
     assert text.splitlines()[-1].endswith("…")
-    colored = render_screen(b, now=NOW, color=True).splitlines()[0]
-    assert "\x1b[36mRunning\x1b[0m" in colored
+    colored = render_screen(b, now=NOW, width=60, color=True).splitlines()[0]
+    assert colored == "FineTuneJob ml/demo   \x1b[36mRunning\x1b[0m   attempt 2 (1 restart)   nod…"
+    cut_in_the_phase = render_screen(b, now=NOW, width=26, color=True).splitlines()[0]
+    assert cut_in_the_phase == "FineTuneJob ml/demo   Run…"  # no color code cut in half
 
 
 def test_recent_events_are_the_newest_oldest_first() -> None:

@@ -19,6 +19,7 @@ import functools
 import json
 import os
 import shutil
+import signal
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -275,13 +276,23 @@ async def next_job_change(cluster: Cluster, name: str, resource_version: str) ->
     )
 
 
+def terminal_size(out: TextIO) -> os.terminal_size:
+    """The size of the terminal `out` writes to, asked of the terminal itself: COLUMNS and LINES in the
+    environment (which `shutil.get_terminal_size` prefers) are fixed when a shell exports them and would not
+    follow a resize."""
+    try:
+        return os.get_terminal_size(out.fileno())
+    except (OSError, ValueError):
+        return shutil.get_terminal_size()
+
+
 # --- ftjob status ----------------------------------------------------------------------------------------
 
 
 async def show_status(cluster: Cluster, name: str, out: TextIO, *, color: bool) -> int:
     body = await read_job(cluster, name)
     events = await job_events(cluster, body)
-    width = shutil.get_terminal_size().columns if color else 10_000
+    width = terminal_size(out).columns if color else 10_000
     out.write(render_screen(body, events, now=datetime.now(UTC), width=width, color=color) + "\n")
     return 0
 
@@ -315,15 +326,24 @@ class ScreenSink:
     out: TextIO
     last: str = ""
     _open: bool = field(default=False)
+    _frame: tuple[Mapping[str, Any], list[Event], History] | None = None
 
     async def show(self, cluster: Cluster, body: Mapping[str, Any], history: History) -> None:
-        events = await job_events(cluster, body)
-        size = shutil.get_terminal_size()
-        text = render_screen(body, events, history, now=datetime.now(UTC), width=size.columns, color=True)
-        lines = text.split("\n")[: max(size.lines - 1, 1)]
+        self._frame = (body, await job_events(cluster, body), history)
         if not self._open:
             self.out.write("\x1b[?1049h\x1b[?25l")  # alternate screen, hide the cursor
             self._open = True
+            asyncio.get_running_loop().add_signal_handler(signal.SIGWINCH, self._draw)
+        self._draw()
+
+    def _draw(self) -> None:
+        """Draw the last frame at the terminal's size now; also on SIGWINCH, so a resize redraws at once."""
+        if self._frame is None:
+            return
+        body, events, history = self._frame
+        size = terminal_size(self.out)
+        text = render_screen(body, events, history, now=datetime.now(UTC), width=size.columns, color=True)
+        lines = text.split("\n")[: max(size.lines - 1, 1)]
         self.out.write("\x1b[H" + "".join(f"{line}\x1b[K\n" for line in lines) + "\x1b[J")
         self.out.flush()
         self.last = text
@@ -331,6 +351,7 @@ class ScreenSink:
     def close(self) -> None:
         """Leave the alternate screen and print the last screen once (closing twice prints nothing more)."""
         if self._open:
+            asyncio.get_running_loop().remove_signal_handler(signal.SIGWINCH)
             self.out.write("\x1b[?25h\x1b[?1049l")
             self._open = False
         if self.last:

@@ -286,9 +286,7 @@ def render_screen(body: Mapping[str, Any], events: Sequence[Event] = (), history
     """The status screen: header, progress, loss, speed, plan, output, conditions, recent events, message."""
     view = JobView.from_body(body)
     st = view.status
-    header = f"FineTuneJob {view.namespace}/{view.name}   "
-    header += _paint(st.phase, _PHASE_COLORS.get(st.phase), color)
-    header += f"   attempt {st.attempt}"
+    header = f"FineTuneJob {view.namespace}/{view.name}   {st.phase}   attempt {st.attempt}"
     if st.restarts:
         header += f" ({st.restarts} restart{'s' if st.restarts != 1 else ''})"
     if st.nodes is not None:
@@ -316,6 +314,10 @@ def render_screen(body: Mapping[str, Any], events: Sequence[Event] = (), history
             lines.append(f"  {clock(e.time)}  {e.type:<7}  {e.reason:<{reason_w}}  {what:<{object_w}}  {message}")
     if st.message:
         lines.append(f"Message    {st.message}")
+    header = _fit(header, width)
+    lead = f"FineTuneJob {view.namespace}/{view.name}   {st.phase}"
+    if header.startswith(lead):  # the phase in color, when the width leaves it whole
+        header = lead[: -len(st.phase)] + _paint(st.phase, _PHASE_COLORS.get(st.phase), color) + header[len(lead):]
     return "\n".join([header, *(_fit(line, width) for line in lines)])
 
 

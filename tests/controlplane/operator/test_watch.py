@@ -258,7 +258,9 @@ def test_watch_in_a_terminal_redraws_in_place_with_a_bar_and_a_loss_curve(cluste
         def pane() -> str:
             return tmux("capture-pane", "-p", "-t", "w:first")
 
-        wait_until(lambda: "attempt 1" in pane(), timeout=20, interval=0.2, what="the first screen")
+        # (The first screen may be drawn before tmux gives the pane its size; the next one has it.)
+        wait_until(lambda: "Progress   no report from the trainer yet" in pane(), timeout=20, interval=0.2,
+                   what="the first screen")
         losses = [2.4, 2.1, 1.9, 1.6, 1.5, 1.3, 1.25, 1.2]
         for i, loss in enumerate(losses, start=1):
             patch_status(cluster, namespace, {"progress": {
@@ -274,6 +276,15 @@ def test_watch_in_a_terminal_redraws_in_place_with_a_bar_and_a_loss_curve(cluste
         assert "Loss       1.2000  █▆▅▃▃▂▁▁   eval -" in lines, lines
         assert "Speed      1.5k tok/s   lr -   ETA 20s   reported 21:40:03Z" in lines
         assert any(x.split()[:3] == ["PodsHealthy", "True", "PodsHealthy"] for x in lines)
+        assert not any(x.endswith("…") for x in lines)
+
+        # A narrower terminal: redrawn at once (SIGWINCH), with no change of the job, lines cut to the width.
+        tmux("resize-window", "-t", "w:first", "-x", "50")
+        narrow = wait_until(lambda: (lambda p: p if "…" in p else None)(pane()), timeout=20, interval=0.2,
+                            what="the screen redrawn for 50 columns")
+        assert all(len(x) <= 50 for x in narrow.splitlines()), narrow
+        assert "  Running      True     AllNodesReady  1/1 node pods running"[:49] + "…" in narrow.splitlines()
+        tmux("resize-window", "-t", "w:first", "-x", "110")
 
         # Ctrl-C in a second window: status 130, the terminal back from the alternate screen, the screen kept.
         interrupted = tmp_path / "rc-interrupted"
