@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path[:0] = [str(Path(__file__).resolve().parent.parent / p) for p in ("operator", "trainer")]
+sys.path[:0] = [str(Path(__file__).resolve().parent.parent / p) for p in ("api", "operator", "trainer")]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import harness as H  # noqa: E402

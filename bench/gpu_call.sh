@@ -2,7 +2,8 @@
 # One measurement run on the GPU host: install the prebuilt wheels (.whl/, from prepare_wheels.sh), build the local
 # models/data, then run bench plans within a budget.
 #   bash bench/gpu_call.sh BUDGET_SECONDS "PLAN_ARGS" [MODELS]      e.g.  bash bench/gpu_call.sh 560 "--plan perf" 8b
-# MODELS: comma list of 8b, small70b (a 70B-shaped model with few layers), 70b-fp8 (the 70B shape stored in fp8, with
+# MODELS: comma list of 8b, small70b (a 70B-shaped model with few layers), ln360 (documents of lognormal lengths,
+# median 360 tokens), 70b-fp8 (the 70B shape stored in fp8, with
 # a 32k-vocabulary dataset), none - built on the last GPU in the background
 # while the matmul ceiling and versions are taken on GPU 0. Everything lands in $OUT.
 set -u
@@ -25,6 +26,7 @@ LAST=$((NG - 1))
       small70b) CUDA_VISIBLE_DEVICES=$LAST python3 bench/make_models.py model --shape llama2-70b --layers-override 8 --out /tmp/bench/models/llama2-70b-8l --device cuda:0 ;;
       70b-fp8) CUDA_VISIBLE_DEVICES=$LAST python3 bench/make_models.py model --shape llama2-70b --fp8-storage --out /tmp/bench/models/llama2-70b-fp8 --device cuda:0
                python3 bench/make_models.py data --out /tmp/bench/data/rand2048_v32k --rows 160 --row-len 2048 --vocab 32000 ;;
+      ln360) python3 bench/make_models.py data --out /tmp/bench/data/lognormal360 --rows 6000 --row-len 2048 --lognormal-median 360 ;;
     esac
   done
   python3 bench/make_models.py data --out /tmp/bench/data/rand2048 --rows 160 --row-len 2048 --vocab 128256
@@ -38,7 +40,7 @@ if [ -n "${CORRECTNESS:-}" ]; then
   BG+=($!)
 fi
 if [ -n "${GPU_TESTS:-}" ]; then
-  PYTHONPATH=/tmp/site:trainer:operator:. python3 -m pytest -q -p no:cacheprovider -s ${GPU_TESTS} > "$OUT/gpu_tests.txt" 2>&1 &
+  PYTHONPATH=/tmp/site:api:trainer:operator:. python3 -m pytest -q -p no:cacheprovider -s ${GPU_TESTS} > "$OUT/gpu_tests.txt" 2>&1 &
   BG+=($!)
 fi
 {

@@ -158,12 +158,20 @@ def make_data(a: argparse.Namespace) -> None:
     out.mkdir(parents=True, exist_ok=True)
     gen = torch.Generator().manual_seed(a.seed)
     ids = torch.randint(4, a.vocab, (a.rows, a.row_len), generator=gen, dtype=torch.int64)
+    lengths = [a.row_len] * a.rows
+    if a.lognormal_median:
+        # documents of varying length (recompile measurements): lognormal around the median, within [16, row_len]
+        import math
+
+        draw = torch.empty(a.rows).log_normal_(math.log(a.lognormal_median), a.sigma, generator=gen)
+        lengths = [max(16, min(a.row_len, int(x))) for x in draw.tolist()]
     tmp = out / ".train.jsonl.tmp"
     with open(tmp, "w") as f:
-        for row in ids.tolist():
-            f.write(json.dumps({"content": " ".join(f"w{i}" for i in row)}) + "\n")
+        for row, n in zip(ids.tolist(), lengths):
+            f.write(json.dumps({"content": " ".join(f"w{i}" for i in row[:n])}) + "\n")
     os.replace(tmp, out / "train.jsonl")
-    print(f"{out}: {a.rows} rows x {a.row_len} tokens", flush=True)
+    shown = sorted(lengths)[len(lengths) // 2]
+    print(f"{out}: {a.rows} rows, median {shown} tokens (max {a.row_len})", flush=True)
 
 
 def main() -> None:
@@ -187,6 +195,8 @@ def main() -> None:
     d.add_argument("--row-len", type=int, default=2048)
     d.add_argument("--vocab", type=int, default=128256)
     d.add_argument("--seed", type=int, default=1234)
+    d.add_argument("--lognormal-median", type=int, default=0, help="rows of lognormal lengths with this median")
+    d.add_argument("--sigma", type=float, default=0.8, help="the lognormal's sigma (log-space)")
     a = p.parse_args()
     make_model(a) if a.cmd == "model" else make_data(a)
 

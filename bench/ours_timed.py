@@ -78,6 +78,8 @@ def main() -> int:
     results = os.environ.get("FTJOB_BENCH_RESULTS", "results.jsonl")
     measure = int(os.environ.get("FTJOB_BENCH_MEASURE", "8"))
     levers = speed.parse_levers(os.environ.get("FTJOB_SPEED"))
+    if os.environ.get("FTJOB_BENCH_COMPILE_DYNAMIC") == "1":  # compile's dynamic=True (recompile measurements)
+        speed.COMPILE_DYNAMIC = True
     cuda = torch.cuda.is_available()
     info: dict = {"levers_requested": sorted(levers), "levers_applied": []}
     # Once the trainer applies speed.resolve_levers itself (which reads FTJOB_SPEED), only record what it did.
@@ -183,6 +185,31 @@ def main() -> int:
             return None
         return any(seg.get("is_expandable") for seg in segments) if segments else None
 
+    def dynamo_counters() -> dict:
+        """torch.compile's counters (graphs compiled, recompiles, graph breaks) at the end of training."""
+        try:
+            from torch._dynamo.utils import counters
+
+            return {k: counters[k] for k in ("stats", "recompiles", "graph_break") if k in counters}
+        except Exception:  # a bench record, never a failure
+            return {}
+
+    def decoder_layers(model) -> list:
+        from transformers.modeling_layers import GradientCheckpointingLayer
+
+        return [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)] if model is not None else []
+
+    def zero_stage(trainer) -> int:
+        """The ZeRO stage DeepSpeed runs: accelerate exports ACCELERATE_DEEPSPEED_ZERO_STAGE only for a stage written in
+        its own config, not for one in a deepspeed.json (`deepspeed_config_file`, which the operator renders), so
+        read the config the Trainer handed to DeepSpeed (runs 1-12 labelled such ZeRO-3 jobs deepspeed-zero0)."""
+        hf_config = getattr(getattr(trainer, "args", None), "hf_deepspeed_config", None)
+        stage = (getattr(hf_config, "config", None) or {}).get("zero_optimization", {}).get("stage")
+        if stage is None:
+            plugin = getattr(getattr(getattr(trainer, "accelerator", None), "state", None), "deepspeed_plugin", None)
+            stage = getattr(plugin, "zero_stage", None)
+        return int(stage if stage is not None else os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE", "0"))
+
     def write_result(timer: StepTimer, state, model) -> None:
         sync()
         rank = int(os.environ.get("RANK", "0"))
@@ -213,6 +240,8 @@ def main() -> int:
             device_used_at_train_begin_gib=info.get("device_used_at_train_begin_gib"),
             reserved_at_train_begin_gib=info.get("reserved_at_train_begin_gib"),
             expandable_segments=expandable(),
+            dynamo_counters={k: dict(v) for k, v in dynamo_counters().items()},
+            checkpointed_layers=sum(bool(getattr(m, "gradient_checkpointing", False)) for m in decoder_layers(model)),
             alloc_conf=os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
         )
         gathered = [res]
@@ -241,7 +270,7 @@ def main() -> int:
         n_trainable = sum(int(getattr(p, "ds_numel", 0) or p.numel()) for p in model.parameters() if p.requires_grad)
         n_base = sum(int(getattr(p, "ds_numel", 0) or p.numel()) for p in base.parameters())
         use_ds = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
-        stage = int(os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE", "0")) if use_ds else 0
+        stage = zero_stage(trainer) if use_ds else 0
         world = int(os.environ.get("WORLD_SIZE", "1"))
         losses = [h.get("loss") for h in state.log_history if "loss" in h]
         args = trainer.args

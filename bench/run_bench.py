@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path[:0] = [str(Path(__file__).resolve().parent.parent / p) for p in ("operator", "trainer")]
+sys.path[:0] = [str(Path(__file__).resolve().parent.parent / p) for p in ("api", "operator", "trainer")]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import harness as H  # noqa: E402
@@ -36,7 +36,7 @@ SHAPE_8B = {"numParameters": 8030261248, "hiddenSize": 4096, "numLayers": 32, "i
             "vocabSize": 128256, "numAttentionHeads": 32, "numKeyValueHeads": 8}
 
 
-def ours_spec(name: str, *, gpus: int = 2, nodes: int = 1, gc: bool = False, zero: Any = "auto", steps: int = 12,
+def ours_spec(name: str, *, gpus: int = 2, nodes: int = 1, gc: bool | None = False, zero: Any = "auto", steps: int = 12,
               model: str = "llama3-8b", shape: dict | None = None, extra: dict | None = None) -> dict[str, Any]:
     """The seed benchmark's setting as a FineTuneJob: LoRA r=8 all-linear, seq 2048, 4 x 2048 tokens per GPU per
     step, no accumulation, lr 1e-4 cosine, seed 42, bf16."""
@@ -59,6 +59,8 @@ def ours_spec(name: str, *, gpus: int = 2, nodes: int = 1, gc: bool = False, zer
             "output": {"checkpoints": {"emptyDir": {}}},
         },
     }
+    if gc is None:  # as a user writes it: gradientCheckpointing left at its default (auto)
+        del spec["spec"]["training"]["gradientCheckpointing"]
     return H.deep_merge(spec, extra or {})
 
 
@@ -70,9 +72,11 @@ STACK_517 = {"PYTHONPATH": "/tmp/site517"}
 
 
 def seed_job(name: str, cfg: str, args: list[str] | None = None, minimum: int = 100, limit: int = 200,
-             env: dict[str, str] | None = None) -> dict:
+             env: dict[str, str] | None = None, gpus: str | None = None, procs: int | None = None) -> dict:
+    """`gpus`/`procs`: run on these GPUs with this many processes (accelerate's --num_processes overrides the
+    config's 2), e.g. the seed recipe on one GPU."""
     return {"type": "seed", "name": name, "config": cfg, "args": args or [], "min": minimum, "max": limit,
-            "env": env or {}}
+            "env": env or {}, "gpus": gpus, "procs": procs}
 
 
 def ours_job(name: str, levers: str = "", minimum: int = 70, limit: int = 200, note: str = "", gpu_offset: int = 0,
@@ -269,8 +273,55 @@ def plan_q70mem() -> list[dict]:
 
 RB = {"zero_optimization": {"reduce_bucket_size": 67108864}}
 
+DEFAULT_NOTE = "1 GPU, a job as a user writes it: gradientCheckpointing left at its default (auto), no FTJOB_SPEED"
 
-PLANS = {"q70mem": plan_q70mem, "q70": plan_q70, "release": plan_release, "big70": plan_big70, "integrated": plan_integrated, "perf": plan_perf, "final": plan_final, "last": plan_last, "memory": plan_memory, "cpu-smoke": plan_cpu_smoke}
+
+def default_job(name: str, **kw: Any) -> dict:
+    """The default job: the seed benchmark's workload as a FineTuneJob with no speed field and no FTJOB_SPEED, so
+    the planner decides checkpointing and the trainer its levers."""
+    return ours_job(name, "auto", gpus=1, gc=None, note=kw.pop("note", DEFAULT_NOTE), **kw)
+
+
+def seed_1gpu(name: str) -> dict:
+    """The seed recipe (ZeRO-3 accelerate config, checkpointing) on one GPU: one process."""
+    return seed_job(name, "zero3", gpus="0", procs=1)
+
+
+def plan_auto1g() -> list[dict]:
+    """Run 13: gradientCheckpointing auto on one GPU. The default job interleaved with the seed recipe (seed,
+    default, seed, default, seed), then the planner's partial choice (a job told its GPU has 60 GiB, so auto
+    checkpoints some layers) and checkpointing on every layer, for peak memory against the plan."""
+    return [
+        seed_1gpu("A_zero3_1g"),
+        default_job("ours_default"),
+        seed_1gpu("A_zero3_1g_rep2"),
+        default_job("ours_default_rep2"),
+        seed_1gpu("A_zero3_1g_rep3"),
+        default_job("ours_auto_partial60", steps=10, minimum=60,
+                    note="1 GPU, gradientCheckpointing auto with gpuMemoryGiB 60: the planner checkpoints some layers",
+                    extra={"spec": {"distributed": {"gpuMemoryGiB": 60}}}),
+        ours_job("ours_gc_all", "auto", gpus=1, gc=True, steps=10, minimum=60,
+                 note="1 GPU, gradientCheckpointing true (every layer), levers chosen by the trainer"),
+    ]
+
+
+LOGNORMAL = {"spec": {"dataset": {"name": str(DATA / "lognormal360")}}}
+
+
+def plan_stalls() -> list[dict]:
+    """Run 14: 200 steps of the default job on documents of lognormal lengths (median 360 tokens), so every packed
+    batch has another token count and number of documents: torch.compile with PyTorch's automatic dynamic shapes
+    (recompile once a dimension is seen to change) vs every dimension dynamic from the first step."""
+    note = "1 GPU, default job, 200 steps, lognormal document lengths (median 360), compile dynamic="
+    return [
+        default_job("stall_dyn_auto", steps=200, minimum=150, limit=290, extra=LOGNORMAL, note=note + "None",
+                    env={"FTJOB_BENCH_MEASURE": "190"}),
+        default_job("stall_dyn_true", steps=200, minimum=150, limit=290, extra=LOGNORMAL, note=note + "True",
+                    env={"FTJOB_BENCH_MEASURE": "190", "FTJOB_BENCH_COMPILE_DYNAMIC": "1"}),
+    ]
+
+
+PLANS = {"auto1g": plan_auto1g, "stalls": plan_stalls, "q70mem": plan_q70mem, "q70": plan_q70, "release": plan_release, "big70": plan_big70, "integrated": plan_integrated, "perf": plan_perf, "final": plan_final, "last": plan_last, "memory": plan_memory, "cpu-smoke": plan_cpu_smoke}
 
 
 class Runner:
@@ -294,8 +345,10 @@ class Runner:
     # -- job kinds ---------------------------------------------------------------------------------------------
     def start_seed(self, job: dict, gpus: str = "0,1") -> list[H.Proc]:
         port = H.next_port()
+        gpus = job.get("gpus") or gpus
+        procs = ["--num_processes", str(job["procs"])] if job.get("procs") else []
         argv = [H.PY, "-m", "accelerate.commands.launch", "--config_file",
-                str(H.REPO / "bench/seed/configs" / f"{job['config']}.yaml"), "--main_process_port", str(port),
+                str(H.REPO / "bench/seed/configs" / f"{job['config']}.yaml"), "--main_process_port", str(port), *procs,
                 str(H.REPO / "bench/seed/seed_baseline.py"), "--name", job["name"], "--results", str(self.results),
                 "--outdir", "/tmp/seed_out", *job["args"]]
         env = H.base_env({"CUDA_VISIBLE_DEVICES": gpus, **job.get("env", {})})
