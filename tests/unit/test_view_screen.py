@@ -41,7 +41,7 @@ def body(**status: Any) -> dict[str, Any]:
                          "tokensPerSecond": 12345.6, "etaSeconds": 310, "epoch": 0.57,
                          "updatedAt": "2026-12-01T21:40:03Z"},
             "plan": {"zeroStage": 3, "offload": "optimizer:cpu", "estimatedGPUMemory": "61.2Gi",
-                     "reason": "ZeRO-2 does not fit"},
+                     "gradientCheckpointing": "8 of 32 layers (every 4)", "reason": "ZeRO-2 does not fit"},
             "output": {"hubRepo": "org/demo", "revision": "a" * 40,
                        "url": "https://huggingface.co/org/demo/commit/" + "a" * 40},
             "conditions": [
@@ -116,13 +116,14 @@ def test_history_keeps_an_eval_point_per_new_value() -> None:
 def test_screen_shows_phase_attempt_progress_plan_conditions_events_and_output() -> None:
     events = [event("Scheduled", "2026-12-01T21:30:05Z"),
               event("Restarting", "2026-12-01T21:29:00Z", kind="FineTuneJob", name="demo", count=2)]
-    text = render_screen(body(), events, now=NOW)
+    text = render_screen(body(), events, now=NOW, width=200)
     lines = text.splitlines()
     assert lines[0] == "FineTuneJob ml/demo   Running   attempt 2 (1 restart)   nodes 2/2 ready   age 41m00s"
     assert lines[1] == "Progress   [" + "█" * 17 + "▏" + " " * 12 + "]  57.0%  step 57/100  epoch 0.57"
     assert lines[2] == "Loss       1.2345   eval 1.3100"  # one look: the latest values, no curve
     assert lines[3] == "Speed      12.3k tok/s   lr 1.00e-04   ETA 5m10s   reported 21:40:03Z"
-    assert lines[4] == "Plan       ZeRO-3, offload optimizer:cpu, ~61.2Gi per GPU estimated  (ZeRO-2 does not fit)"
+    assert lines[4] == ("Plan       ZeRO-3, offload optimizer:cpu, ~61.2Gi per GPU estimated, gradient checkpointing "
+                        "8 of 32 layers (every 4)  (ZeRO-2 does not fit)")
     assert lines[5] == "Output     https://huggingface.co/org/demo/commit/" + "a" * 40
     assert "  PodsHealthy  False    Unschedulable  0/3 nodes are available" in lines
     assert "  Running      True     Running        attempt 2 is running  since 21:30:00Z" in lines

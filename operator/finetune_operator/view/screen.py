@@ -270,6 +270,8 @@ def _plan_line(view: JobView) -> str:
     if plan is None:
         return "Plan       -"
     line = f"Plan       ZeRO-{plan.zero_stage}, offload {plan.offload}, ~{plan.estimated_gpu_memory} per GPU estimated"
+    if plan.gradient_checkpointing:
+        line += f", gradient checkpointing {plan.gradient_checkpointing}"
     return line + (f"  ({plan.reason})" if plan.reason else "")
 
 
