@@ -7,6 +7,9 @@ cache="${FTJOB_CACHE:-$HOME/.cache/finetune-operator}"
 venv="${FTJOB_VENV:-$cache/venv}"
 extras="${FTJOB_EXTRAS:-trainer,dev}"
 python="${PYTHON:-python3}"
+# setuptools warns on every editable install of this layout (three package directories): an 11-line "Editable
+# installation ... be careful with folders ... of the same name" banner that says nothing about this install.
+export PYTHONWARNINGS="ignore::UserWarning:setuptools.command.editable_wheel${PYTHONWARNINGS:+,$PYTHONWARNINGS}"
 stamp="$venv/.ftjob-installed-$(sha256sum pyproject.toml | cut -c1-16)-${extras//,/-}"
 # One installer at a time: make targets run in parallel (and several checkouts share the venv).
 mkdir -p "$(dirname "$venv")"
