@@ -119,8 +119,9 @@ def build_sft_config(cfg: TrainerInput) -> SFTConfig:
         ddp_find_unused_parameters=False,
         dataloader_num_workers=0,
         # Console output is finetune_trainer.output's: transformers at warning (info when verbose) on rank 0,
-        # errors only elsewhere; no tqdm (it would write a bar into every log file) and no dict print (the
-        # progress callback's line says it once).
+        # errors only elsewhere; no tqdm (it would write a bar into every log file). disable_tqdm makes the Trainer
+        # add PrinterCallback (a dict print per log) instead, which progress.console_callbacks removes: the
+        # progress callback's line says it once.
         log_level="info" if verbose else "warning",
         log_level_replica="info" if verbose else "error",
         disable_tqdm=True,
