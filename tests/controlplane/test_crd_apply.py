@@ -87,11 +87,6 @@ REFUSED = [
     ("a name too long for its children", job_body(name="n" * 56), "at most 55 characters"),
     ("saveStrategy steps without saveSteps", with_spec("training.saveStrategy", "steps"), "saveSteps is required"),
     (
-        "offloadActivations without checkpointing",
-        with_spec("training", {"gradientCheckpointing": False, "offloadActivations": True}),
-        "offloadActivations needs gradientCheckpointing: true",
-    ),
-    (
         "a cpu job without processesPerNode",
         with_spec("distributed", {"gpusPerNode": 0}),
         "processesPerNode must be set when gpusPerNode is 0",

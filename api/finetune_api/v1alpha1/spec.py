@@ -10,7 +10,8 @@ as the default the model gives it.
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, WithJsonSchema
+from pydantic import BeforeValidator, Field, StrictBool, ValidationInfo, WithJsonSchema, field_validator
+from pydantic_core import PydanticCustomError
 
 from finetune_api import constants
 from finetune_api.v1alpha1.base import ApiModel
@@ -28,17 +29,26 @@ ZeroStage = Annotated[
     ),
 ]
 Quantity = Annotated[str | int, WithJsonSchema({"x-kubernetes-int-or-string": True})]
+
+
+def _boolean_or_auto(value: Any) -> Any:
+    """One error at the field's path (not one per union branch) for anything but true, false and 'auto'."""
+    if not (isinstance(value, bool) or value == "auto"):
+        raise PydanticCustomError("api_rule", "gradientCheckpointing must be true, false or 'auto'")
+    return value
+
+
 Checkpointing = Annotated[
-    bool | Literal["auto"],
-    # a boolean or the string 'auto': no structural schema types a union, so the field keeps any value and the rule
-    # below (CEL and the model alike) refuses anything else
+    StrictBool | Literal["auto"],
+    # a boolean or the string 'auto': no structural schema types a union, so the CRD keeps any value here and the
+    # model refuses anything else (InvalidSpec in status). CEL cannot see a field without a type either (the API
+    # server refuses a CRD whose rules name it), so the rules that read it are the model's alone.
     WithJsonSchema({"x-kubernetes-preserve-unknown-fields": True}),
-    ValueRule(
-        "type(self) == bool || (type(self) == string && self == 'auto')",
-        lambda value: isinstance(value, bool) or value == "auto",
-        "gradientCheckpointing must be true, false or 'auto'",
-    ),
+    BeforeValidator(_boolean_or_auto),
 ]
+OFFLOAD_NEEDS_CHECKPOINTING = (
+    "training.offloadActivations needs gradientCheckpointing: true (only checkpoints are offloaded)"
+)
 FreeForm = Annotated[
     dict[str, Any],
     WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True}),
@@ -145,15 +155,6 @@ class TrainingSpec(ApiModel):
     """Hyper-parameters: the seed's launch flags."""
 
     @rule(
-        ".offloadActivations",
-        "!has(self.offloadActivations) || !self.offloadActivations || "
-        "!has(self.gradientCheckpointing) || type(self.gradientCheckpointing) == string || self.gradientCheckpointing",
-        "training.offloadActivations needs gradientCheckpointing: true (only checkpoints are offloaded)",
-    )
-    def offloaded_activations_are_checkpoints(self) -> bool:
-        return not self.offload_activations or self.gradient_checkpointing is not False
-
-    @rule(
         ".warmupRatio",
         "!has(self.warmupRatio) || !has(self.warmupSteps) || self.warmupSteps == 0",
         "training.warmupRatio and warmupSteps both set the warm-up: set one of them",
@@ -202,6 +203,15 @@ class TrainingSpec(ApiModel):
         description="Hold the checkpointed activations (layers x tokens x hidden) in pinned host memory instead of "
         "on the GPU: less GPU memory for a host copy each way per step. Needs gradientCheckpointing. Default: false.",
     )
+
+    @field_validator("offload_activations")
+    @classmethod
+    def offloaded_activations_are_checkpoints(cls, offload: bool, info: ValidationInfo) -> bool:
+        """Only checkpoints are offloaded. The model's rule alone: CEL cannot read gradientCheckpointing (untyped)."""
+        if offload and info.data.get("gradient_checkpointing", "auto") is False:
+            raise PydanticCustomError("api_rule", OFFLOAD_NEEDS_CHECKPOINTING)
+        return offload
+
     mixed_precision: Literal["no", "fp16", "bf16"] = Field(default="bf16", description="Default: bf16.")
     seed: int = Field(default=100, ge=0, description="Default: 100.")
     logging_steps: int = Field(default=5, ge=1, description="Default: 5.")
