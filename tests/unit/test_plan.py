@@ -6,6 +6,7 @@ import pytest
 
 from finetune_api.v1alpha1.errors import InvalidSpecError
 from finetune_api.v1alpha1.resource import FineTuneJob
+from finetune_api.v1alpha1.status import FineTuneJobStatus
 from finetune_operator.plan import (
     FIT_MARGIN,
     GIB,
@@ -15,6 +16,8 @@ from finetune_operator.plan import (
     lora_parameter_count,
     plan_job,
 )
+from finetune_operator.planreport import format_plan
+from finetune_operator.status import plan_summary
 from tests.builders import job
 
 
@@ -192,3 +195,16 @@ def test_a_cpu_job_with_auto_checkpointing_recomputes_nothing() -> None:
     plan = plan_job(spec)
     assert plan.checkpointing == Checkpointing(0, 2)
     assert "CPU job" in plan.checkpointing_summary
+
+
+def test_status_plan_and_ftjob_plan_say_what_auto_chose_and_why() -> None:
+    job_ = _one_gpu_8b(4, gpu_gib=60)
+    plan = plan_job(job_.spec)
+    summary = plan_summary(plan)
+    assert summary.gradient_checkpointing == plan.checkpointing_summary
+    assert summary.gradient_checkpointing.startswith(
+        "11 of 32 layers: auto: 53.9 GiB fits 90% of 60 GiB (off: 70.7 GiB"
+    )
+    assert FineTuneJobStatus.model_validate({"plan": summary.model_dump(by_alias=True)}).plan == summary
+    report = format_plan(job_, plan)
+    assert f"  checkpointing     {plan.checkpointing_summary}" in report.splitlines()
