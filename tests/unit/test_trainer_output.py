@@ -9,6 +9,7 @@ import logging
 import sys
 import warnings
 from collections.abc import Iterator
+from types import SimpleNamespace
 
 import pytest
 
@@ -208,3 +209,23 @@ def test_a_library_logger_with_its_own_handler_is_adopted(restore_logging: None)
     finally:
         library.handlers[:], library.propagate = saved[0], saved[1]
         library.setLevel(saved[2])
+
+
+def test_log_lines_go_above_a_live_bar(restore_logging: None) -> None:
+    from finetune_trainer.progress import ProgressBar
+
+    terminal = Terminal()
+    installed_output = output.Output(OutputSettings(rank=0), terminal)  # the log handler on the bar's terminal
+    installed_output.install()
+    bar = ProgressBar(terminal)
+    state = SimpleNamespace(is_world_process_zero=True, max_steps=4, global_step=0)
+    bar.on_train_begin(None, state, None)
+    state.global_step = 2
+    bar.on_step_end(None, state, None)
+    logging.getLogger("finetune_trainer.progress").info("step 2/4")
+    bar.on_train_end(None, state, None)
+    screen = terminal.getvalue()
+    assert "2/4" in screen and "4/4" not in screen, screen  # the bar drew itself, at the step reached
+    lines = [line for line in screen.replace("\r", "\n").splitlines() if "finetune_trainer.progress" in line]
+    assert len(lines) == 1 and lines[0].endswith("INFO finetune_trainer.progress: step 2/4"), screen
+    assert lines[0][:4].isdigit(), f"the log line shares a line with the bar: {lines[0]!r}"  # starts with its time

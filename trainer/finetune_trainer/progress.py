@@ -23,7 +23,7 @@ import time
 import urllib.request
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from pydantic import ValidationError
 from transformers import TrainerCallback
@@ -240,14 +240,17 @@ class ProgressBar(TrainerCallback):
     """A tqdm bar over the optimizer steps, in place of transformers' (rank 0, text output, stderr a terminal:
     `output.show_bar`); log lines are written above it by `output.ConsoleHandler`."""
 
-    def __init__(self) -> None:
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self.stream = stream  # None: stderr
         self._bar: Any = None
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **_: Any) -> None:
         if state.is_world_process_zero and state.max_steps > 0:
             from tqdm.auto import tqdm  # type: ignore[import-untyped]
 
-            self._bar = tqdm(total=state.max_steps, initial=state.global_step, unit="step", dynamic_ncols=True)
+            self._bar = tqdm(
+                total=state.max_steps, initial=state.global_step, unit="step", dynamic_ncols=True, file=self.stream
+            )
 
     def on_step_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
         if self._bar is not None:
