@@ -73,8 +73,16 @@ def nodes_for(jobs: int, gpus_per_pod: int) -> int:
 
 
 class Bench:
-    def __init__(self, cluster_dir: Path, nodes: int, gpus_per_pod: int, profile: bool = False) -> None:
+    def __init__(
+        self,
+        cluster_dir: Path,
+        nodes: int,
+        gpus_per_pod: int,
+        profile: bool = False,
+        operator_flags: list[str] | None = None,
+    ) -> None:
         self.dir = cluster_dir
+        self.operator_flags = operator_flags or []
         self.nodes = nodes
         self.gpus_per_pod = gpus_per_pod
         self.profile = profile
@@ -208,6 +216,7 @@ class Bench:
             "--progress-url",
             f"https://127.0.0.1:{progress}",
             *POLICY_FLAGS,
+            *self.operator_flags,
         ]
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
         proc = subprocess.Popen(args, env=env, stdout=log_path.open("ab"), stderr=subprocess.STDOUT)
@@ -715,6 +724,12 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=900, help="per-burst timeout, s")
     ap.add_argument("--keep-cluster", action="store_true")
     ap.add_argument(
+        "--operator-flag",
+        action="append",
+        default=[],
+        help="extra flag for `ftjob operator`, e.g. --operator-flag=--max-concurrent-reconciles=4 (repeatable)",
+    )
+    ap.add_argument(
         "--repeat",
         type=int,
         default=1,
@@ -725,7 +740,7 @@ def main() -> int:
     nodes = args.nodes or nodes_for(max(bursts or [0]), args.gpus_per_pod)
     workdir = Path(args.cluster_dir) / "bench"
     workdir.mkdir(parents=True, exist_ok=True)
-    b = Bench(Path(args.cluster_dir), nodes, args.gpus_per_pod, args.profile)
+    b = Bench(Path(args.cluster_dir), nodes, args.gpus_per_pod, args.profile, args.operator_flag)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     result: dict[str, Any] = {
         "date": stamp,
@@ -735,6 +750,7 @@ def main() -> int:
         "gpus_per_pod": args.gpus_per_pod,
         "job": f"examples/llama-70b-lora-2x8.yaml (2 nodes x {args.gpus_per_pod} GPU(s), KWOK hold)",
         "profiled": args.profile,
+        "operator_flags": args.operator_flag,
         "commit": subprocess.run(
             ["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True
         ).stdout.strip(),
