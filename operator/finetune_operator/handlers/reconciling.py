@@ -109,7 +109,7 @@ async def _reconcile_once(state: OperatorState, key: Key, reread: bool = False) 
     )
     now = datetime.now(UTC).replace(microsecond=0)
     options = state.config.render_options(job.namespace, job.name)
-    actions = reconcile(job, observed, now, options, admitter=state.admissions)
+    actions = reconcile(job, observed, now, options, admitter=state.admissions, renderer=state.renders)
     created: list[Created] = []
     try:
         await _apply(state, job, actions, created)
