@@ -19,7 +19,7 @@ finalizer on every job. The machinery below replaced it; with it the same bench 
 
 * `queueing.WorkQueue`: one round of a job at a time, triggers that arrive meanwhile coalesced into one
   more round, at most `--max-concurrent-reconciles` rounds in flight (controller-runtime's workqueue
-  and MaxConcurrentReconciles); a failed round becomes a wake-up.
+  and MaxConcurrentReconciles), a new job's round first (`Slots`); a failed round becomes a wake-up.
 * `wakeups.Wakeups`: deadlines, TTLs, retries and the slow resync for every job in one heap and one
   task (controller-runtime's RequeueAfter), not a kopf timer (and finalizer) per job.
 * `bodies.Bodies`: the newest body of each job from its watch events and our own status writes, so an
