@@ -18,12 +18,12 @@ policy (the operator's flags), never on its labels or status: `AdmissionCache` k
 policy), so the rounds of a job between two spec edits plan it once. Pure: no I/O.
 """
 
-from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from finetune_api.v1alpha1.errors import InvalidSpecError
 from finetune_api.v1alpha1.resource import FineTuneJob
+from finetune_operator.memo import Memo
 from finetune_operator.plan import Plan, plan_job
 from finetune_operator.policy import PodPolicy
 from finetune_operator.validation import check_job
@@ -67,31 +67,17 @@ cluster; past that the least recently used goes and is planned again on its next
 
 
 @dataclass
-class AdmissionCache:
+class AdmissionCache(Memo[AdmissionKey, Admission]):
     """Least-recently-used admissions (the plan or the InvalidSpecError) by (uid, generation, pod policy).
 
     A job not read from an API server (no uid or generation) has nothing that identifies its spec: admitted every
-    time, never kept. Entries are shared: callers must not mutate what they get.
+    time, never kept.
     """
 
     size: int = DEFAULT_SIZE
-    hits: int = 0
-    misses: int = 0
-    _entries: "OrderedDict[AdmissionKey, Admission]" = field(default_factory=OrderedDict)
 
     def __call__(self, job: FineTuneJob, policy: PodPolicy) -> Admission:
         meta = job.metadata
         if not meta.uid or meta.generation is None:
             return admit(job, policy)
-        key: AdmissionKey = (meta.uid, meta.generation, policy)
-        found = self._entries.get(key)
-        if found is not None:
-            self._entries.move_to_end(key)
-            self.hits += 1
-            return found
-        self.misses += 1
-        admission = admit(job, policy)
-        self._entries[key] = admission
-        if len(self._entries) > self.size:
-            self._entries.popitem(last=False)
-        return admission
+        return self.get_or_compute((meta.uid, meta.generation, policy), lambda: admit(job, policy))

@@ -10,9 +10,9 @@ Those are the key; the admission is not, since it is itself a function of uid, g
 dicts around them).
 """
 
-from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from finetune_operator.memo import Memo
 from finetune_operator.render import Rendered, RenderOptions, render
 from finetune_operator.render.context import RenderContext
 
@@ -23,27 +23,14 @@ DEFAULT_SIZE = 256
 
 
 @dataclass
-class RenderMemo:
+class RenderMemo(Memo[MemoKey, Rendered]):
     """Least-recently-used renderings by job identity, attempt and options; a drop-in `renderer` for `reconcile`."""
 
     size: int = DEFAULT_SIZE
-    hits: int = 0
-    misses: int = 0
-    _entries: "OrderedDict[MemoKey, Rendered]" = field(default_factory=OrderedDict)
 
     def __call__(self, ctx: RenderContext) -> Rendered:
         meta = ctx.job.metadata
         if not meta.uid or meta.generation is None:  # not from an API server: nothing identifies the spec
             return render(ctx)
         key: MemoKey = (meta.uid, meta.generation, tuple(sorted(meta.labels.items())), ctx.attempt, ctx.options)
-        found = self._entries.get(key)
-        if found is not None:
-            self._entries.move_to_end(key)
-            self.hits += 1
-            return found
-        self.misses += 1
-        rendered = render(ctx)
-        self._entries[key] = rendered
-        if len(self._entries) > self.size:
-            self._entries.popitem(last=False)
-        return rendered
+        return self.get_or_compute(key, lambda: render(ctx))
