@@ -15,7 +15,8 @@ N = 100 / 300 / 1,000 on a 2-core machine: a deep copy of every event's body for
 the operator's CPU) and an annotation patch per job, one full round per child event (a dozen per job
 in a burst), a GET of the job before each round (6.3 per job at N = 1,000), and kopf timers would put a
 finalizer on every job. The machinery below replaced it; with it the same bench gave 1.33x / 1.54x /
-1.32x (bench/operator/README.md and bench/operator/results).
+1.32x on a loaded machine, and 1.45-1.71x / 1.48-1.60x / 1.47x on a quiet one, where both sides saturate the
+CPU and the ratio is one of total CPU (bench/operator/README.md has the runs and what is left).
 
 * `queueing.WorkQueue`: one round of a job at a time, triggers that arrive meanwhile coalesced into one
   more round, at most `--max-concurrent-reconciles` rounds in flight (controller-runtime's workqueue
