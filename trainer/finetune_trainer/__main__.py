@@ -69,13 +69,13 @@ def train(config_path: str) -> int:
     if problem is not None:
         raise InvalidConfigError(problem)
     log.info(
-        "job %s/%s: %d processes on %d machines, %s, ZeRO-3 %s",
+        "job %s/%s: %d processes on %d machines, %s, %s",
         cfg.job.namespace,
         cfg.job.name,
         state.num_processes,
         cfg.strategy.num_machines,
         "CPU" if on_cpu(cfg) else "CUDA",
-        zero3,
+        f"ZeRO-{cfg.strategy.zero_stage}" if cfg.strategy.zero_stage else "plain data parallel (no ZeRO)",
     )
 
     tokenizer = load_tokenizer(cfg, model_path)
