@@ -128,6 +128,11 @@ KNOWN_SHAPES: list[tuple[tuple[str, ...], ModelShape]] = [
     ),
 ]
 
+FP8_NOT_ZERO3 = "stage 3: not with training.precision fp8 (ZeRO-3 shards the base weights that fp8 replaces)"
+"""Why `auto` skips ZeRO-3 for an fp8 job: the trainer swaps each frozen base linear for FP8 copies of its whole
+weight, which a ZeRO-3 partition does not hold. (fp8's base weights take 2 x 1 byte per decoder-linear parameter,
+bf16's 2 bytes: the estimate is the same.)"""
+
 # Candidate strategies for `auto`, cheapest communication first.
 AUTO_LADDER: list[tuple[int, str, str]] = [
     (0, "none", "none"),
@@ -469,6 +474,10 @@ def plan_job(spec: FineTuneJobSpec) -> Plan:
         if strategy.offload_params != "none" and stage != 3:
             continue
         if strategy.offload_optimizer != "none" and stage == 0:
+            continue
+        if stage == 3 and spec.training.precision == "fp8":
+            if FP8_NOT_ZERO3 not in tried:
+                tried.append(FP8_NOT_ZERO3)
             continue
         ck, estimate, ck_reason, fits = _choose_checkpointing(spec, shape, strategy)
         if fits:

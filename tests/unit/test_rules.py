@@ -18,7 +18,16 @@ from pydantic import BaseModel, ValidationError
 from finetune_api.v1alpha1.errors import FieldError, InvalidSpecError
 from finetune_api.v1alpha1.resource import FineTuneJob
 from finetune_api.v1alpha1.rules import Reason, ValueRule, rule, rules_of, transition_violations, violations
-from finetune_api.v1alpha1.spec import OFFLOAD_NEEDS_CHECKPOINTING, AdapterSpec, DeepSpeedSpec
+from finetune_api.v1alpha1.spec import (
+    FP8_NEEDS_BF16,
+    FP8_NEEDS_GPUS,
+    FP8_NO_MERGE,
+    FP8_NO_QUANTIZATION,
+    FP8_NO_ZERO3,
+    OFFLOAD_NEEDS_CHECKPOINTING,
+    AdapterSpec,
+    DeepSpeedSpec,
+)
 from finetune_operator.crd import build_crd
 from finetune_operator.validation import check_job
 from tests.builders import job_body, with_spec
@@ -153,6 +162,35 @@ RULE_CASES: list[tuple[str, dict[str, Any]]] = [
         with_spec("template.tolerations", [{"key": None, "operator": "Exists"}]),
     ),
     ("a toleration with an empty key and Equal", with_spec("template.tolerations", [{"key": "", "value": "x"}])),
+    ("fp8 with ZeRO-3 written", with_spec("training.precision", "fp8")),
+    ("fp8 with no zero stage written (3)", with_spec("training.precision", "fp8", distributed={"gpusPerNode": 8})),
+    ("fp8 at zero stage 2", with_spec("training.precision", "fp8", zero=2)),
+    ("fp8 at zero stage auto", with_spec("training.precision", "fp8", zero="auto")),
+    ("fp8 without ZeRO (0)", with_spec("training.precision", "fp8", zero=0)),
+    ("the default precision at ZeRO-3", with_spec("training.precision", "default")),
+    ("fp8 with fp16", with_spec("training", {"precision": "fp8", "mixedPrecision": "fp16"}, zero=2)),
+    ("fp8 with mixedPrecision no", with_spec("training", {"precision": "fp8", "mixedPrecision": "no"}, zero=2)),
+    ("fp8 with bf16 written", with_spec("training", {"precision": "fp8", "mixedPrecision": "bf16"}, zero=2)),
+    ("fp8 merging the adapter", with_spec("training", {"precision": "fp8", "mergeAdapter": True}, zero=1)),
+    ("fp8 not merging the adapter", with_spec("training", {"precision": "fp8", "mergeAdapter": False}, zero=1)),
+    ("fp8 with a 4-bit base", with_spec("training.precision", "fp8", zero=2, qlora=True)),
+    (
+        "fp8 on a CPU",
+        with_spec(
+            "training.precision",
+            "fp8",
+            distributed={"gpusPerNode": 0, "processesPerNode": 1, "deepspeed": {"zeroStage": 0}},
+        ),
+    ),
+    (
+        "fp8 with every problem at once",
+        with_spec(
+            "training",
+            {"precision": "fp8", "mixedPrecision": "fp16", "mergeAdapter": True},
+            qlora=True,
+            distributed={"gpusPerNode": 0, "processesPerNode": 2},
+        ),
+    ),
     (
         "several rules at once",
         with_spec(
@@ -221,6 +259,21 @@ CASE_FINDINGS = {
             "included); name the taint's key",
         )
     ],
+    "fp8 with no zero stage written (3)": [("spec.training.precision", FP8_NO_ZERO3)],
+    "fp8 at zero stage 2": [],
+    "fp8 at zero stage auto": [],
+    "fp8 without ZeRO (0)": [],
+    "the default precision at ZeRO-3": [],
+    "fp8 with mixedPrecision no": [("spec.training.precision", FP8_NEEDS_BF16)],
+    "fp8 with bf16 written": [],
+    "fp8 merging the adapter": [("spec.training.precision", FP8_NO_MERGE)],
+    "fp8 not merging the adapter": [],
+    "fp8 with a 4-bit base": [("spec.training.precision", FP8_NO_QUANTIZATION)],
+    "fp8 on a CPU": [("spec.training.precision", FP8_NEEDS_GPUS)],
+    "fp8 with every problem at once": sorted(
+        ("spec.training.precision", m)
+        for m in (FP8_NEEDS_BF16, FP8_NO_MERGE, FP8_NO_QUANTIZATION, FP8_NO_ZERO3, FP8_NEEDS_GPUS)
+    ),
     "several rules at once": [
         ("metadata.name", "metadata.name must be at most 55 characters so every child's name stays a valid DNS label"),
         (

@@ -50,6 +50,12 @@ def train(config_path: str) -> int:
     from finetune_trainer.progress import ProgressCallback, Reporter, console_callbacks, report_output
 
     cfg = load_config(config_path)
+    if cfg.training.precision == "fp8":
+        from finetune_trainer.fp8 import fp8_config_problem
+
+        fp8_problem = fp8_config_problem(zero_stage=cfg.strategy.zero_stage)  # before the model: no time wasted
+        if fp8_problem is not None:
+            raise InvalidConfigError(fp8_problem)
     model_path = builtin.resolve_model(cfg.model.name)  # generated files, before any zero.Init
     data_path = builtin.resolve_dataset(cfg.dataset.name)
     prepare_cpu_backend(cfg)
@@ -103,6 +109,11 @@ def train(config_path: str) -> int:
         peft_config=peft_config(cfg),
         callbacks=callbacks,
     )
+    if cfg.training.precision == "fp8":
+        from finetune_trainer.fp8 import apply_fp8
+
+        # PEFT has wrapped the model by now, and nothing has traced it yet (torch.compile does at the first step)
+        apply_fp8(trainer.model, device=args.device)  # type: ignore[arg-type]  # set by SFTTrainer: never None
     console_callbacks(trainer)
     console.adopt_loggers()  # DeepSpeed's, imported by now
     result = trainer.train(resume_from_checkpoint=str(resume) if resume else None)

@@ -49,6 +49,20 @@ Checkpointing = Annotated[
 OFFLOAD_NEEDS_CHECKPOINTING = (
     "training.offloadActivations needs gradientCheckpointing: true (only checkpoints are offloaded)"
 )
+FP8_NEEDS_BF16 = "training.precision: fp8 needs mixedPrecision: bf16 (everything but the base's matmuls runs in bf16)"
+FP8_NO_MERGE = (
+    "training.precision: fp8 cannot merge the adapter (mergeAdapter: true): the trainer keeps only FP8 copies of "
+    "the base weights; merge the saved adapter into the bf16 base separately"
+)
+FP8_NO_QUANTIZATION = (
+    "training.precision: fp8 is not combinable with model.quantization: a 4-bit base has no bf16 weights to put in "
+    "FP8; remove one of them"
+)
+FP8_NO_ZERO3 = (
+    "training.precision: fp8 needs distributed.deepspeed.zeroStage 0, 1, 2 or auto (ZeRO-3, the default, shards "
+    "the base weights that fp8 replaces with FP8 copies)"
+)
+FP8_NEEDS_GPUS = "training.precision: fp8 needs GPUs (distributed.gpusPerNode > 0): CPUs have no FP8 matmuls"
 FreeForm = Annotated[
     dict[str, Any],
     WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True}),
@@ -223,6 +237,30 @@ class TrainingSpec(ApiModel):
     merge_adapter: bool = Field(
         default=False, description="Also save the base model with the adapter merged in. Default: false."
     )
+    precision: Literal["default", "fp8"] = Field(
+        default="default",
+        description="Matmul precision of the frozen base model. default: mixedPrecision's dtype. fp8: the decoder "
+        "layers' linear layers of the base run FP8 (e4m3) matmuls with row-wise scales, forward and input gradient; "
+        "the adapter, norms, attention, embeddings, lm_head and the loss stay bf16. Faster, with a loss a little "
+        "off bf16's. Needs GPUs of compute capability 8.9 or newer (Ada, Hopper, Blackwell), mixedPrecision: bf16, "
+        "zeroStage 0, 1, 2 or auto (not 3), no model.quantization and no mergeAdapter. Default: default.",
+    )
+
+    @rule(
+        ".precision",
+        "!has(self.precision) || self.precision != 'fp8' || !has(self.mixedPrecision) || self.mixedPrecision == 'bf16'",
+        FP8_NEEDS_BF16,
+    )
+    def fp8_computes_in_bf16(self) -> bool:
+        return self.precision != "fp8" or self.mixed_precision == "bf16"
+
+    @rule(
+        ".precision",
+        "!has(self.precision) || self.precision != 'fp8' || !has(self.mergeAdapter) || !self.mergeAdapter",
+        FP8_NO_MERGE,
+    )
+    def fp8_does_not_merge(self) -> bool:
+        return self.precision != "fp8" or not self.merge_adapter
 
 
 class DeepSpeedSpec(ApiModel):
@@ -472,6 +510,10 @@ def _as_written(spec: ApiModel, field: str) -> dict[str, Any] | None:
     return section.to_dict(exclude_unset=True)
 
 
+_NOT_FP8 = "(!has(self.training) || !has(self.training.precision) || self.training.precision != 'fp8')"
+"""CEL: the spec does not ask for `training.precision: fp8` (the start of each fp8 rule of FineTuneJobSpec)."""
+
+
 class FineTuneJobSpec(ApiModel):
     """What to fine-tune, on what data, how, where it runs and where the result goes."""
 
@@ -534,6 +576,33 @@ class FineTuneJobSpec(ApiModel):
     )
     def step_saves_say_when(self) -> bool:
         return self.training.save_strategy != "steps" or self.training.save_steps is not None
+
+    @rule(
+        ".training.precision",
+        f"{_NOT_FP8} || !has(self.model.quantization)",
+        FP8_NO_QUANTIZATION,
+    )
+    def fp8_is_not_qlora(self) -> bool:
+        return self.training.precision != "fp8" or self.model.quantization is None
+
+    @rule(
+        ".training.precision",
+        f"{_NOT_FP8} || (has(self.distributed) && has(self.distributed.deepspeed) && "
+        "has(self.distributed.deepspeed.zeroStage) && (type(self.distributed.deepspeed.zeroStage) == string || "
+        "self.distributed.deepspeed.zeroStage <= 2))",
+        FP8_NO_ZERO3,
+    )
+    def fp8_is_not_zero3(self) -> bool:
+        return self.training.precision != "fp8" or self.distributed.deepspeed.zero_stage != 3
+
+    @rule(
+        ".training.precision",
+        f"{_NOT_FP8} || !has(self.distributed) || !has(self.distributed.gpusPerNode) || "
+        "self.distributed.gpusPerNode > 0",
+        FP8_NEEDS_GPUS,
+    )
+    def fp8_runs_on_gpus(self) -> bool:
+        return self.training.precision != "fp8" or self.distributed.gpus_per_node > 0
 
     @transition_rule(
         "",

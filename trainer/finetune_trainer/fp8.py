@@ -1,0 +1,210 @@
+"""`training.precision: fp8`: the frozen base model's decoder linears run FP8 (e4m3) matmuls.
+
+Why. A LoRA step spends most of its time in the base model's linear layers (forward, and the input gradient
+backward: the base is frozen, so it has no weight gradient). Hopper-or-newer tensor cores (compute capability 8.9
+and up) run e4m3 matmuls at twice the bf16 rate, so those two matmuls per layer are where FP8 pays. Everything the
+optimizer touches or that is sensitive to rounding stays bf16: the adapter (lora_A, lora_B, its dropout), norms,
+attention, embeddings, lm_head and the loss.
+
+How. `apply_fp8` swaps each frozen `nn.Linear` inside the decoder layers (PEFT's `base_layer` of every LoRA layer,
+and any plain frozen linear there) for a `Float8FrozenLinear`, which keeps two e4m3 copies of the weight W
+[out, in], each with one fp32 scale per row (amax / 448, e4m3's largest value, so every row uses the whole range):
+
+* `w_fwd` = W, scaled per output row: the forward y = x W^T;
+* `w_bwd` = W^T stored contiguous [in, out], scaled per input column of W: the input gradient dX = dY W.
+
+Two copies because `torch._scaled_mm` wants its second operand column-major and scales along the dimension
+that is not reduced; a transposed view of one copy would need its scales along the reduced dimension, which
+row-wise scaling cannot express. Two bytes per weight in all: what bf16 took, so the memory plan is unchanged.
+Activations (x forward, dY backward) are quantized per row (per token) on the fly. The bf16 weight is freed.
+
+The copies are buffers that are not persistent (the model's state_dict and the adapter checkpoint do not change:
+the adapter is all that is saved) and are stored as raw bits (uint8 for e4m3, int32 for the fp32 scales): a
+whole-module cast such as DeepSpeed's `module.bfloat16()` converts every floating-point buffer, and e4m3 counts as
+floating point; integer buffers are left alone. DDP would broadcast every buffer from rank 0 before each forward
+(`broadcast_buffers`), 2 bytes per base weight each step; `apply_fp8` names them in the model's
+`_ddp_params_and_buffers_to_ignore` (every rank computes the same copies from the same weights).
+
+The matmul is a `torch.autograd.Function` with no logging and no data-dependent branch, so torch.compile traces it
+into the compiled decoder layers (the quantization is then fused into neighbouring kernels). Row counts that are
+not a multiple of 16 (what `_scaled_mm` accepts) are padded with zero rows. `torch._scaled_mm` with row-wise
+scales also runs on CPU, so the tests run this very code there.
+
+Not with ZeRO-3 (it partitions the weights this replaces), 4-bit bases (no bf16 weights to convert) or
+`mergeAdapter` (the bf16 base is gone): the API's rules refuse those specs, and `fp8_problem` refuses a GPU
+without FP8 matmuls before the model loads.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+log = logging.getLogger(__name__)
+
+E4M3 = torch.float8_e4m3fn
+E4M3_MAX = float(torch.finfo(E4M3).max)
+"""448: the largest e4m3 value; a row's amax maps to it."""
+AMAX_FLOOR = 1e-12
+"""The smallest amax a scale is computed from, so an all-zero row quantizes to zeros instead of NaN."""
+ROW_MULTIPLE = 16
+"""`torch._scaled_mm` takes operands whose dimensions are multiples of 16; rows are padded up to it."""
+FP8_MIN_CAPABILITY = (8, 9)
+"""CUDA compute capability of the first GPUs with FP8 tensor cores (Ada; Hopper is 9.0, Blackwell 10.0)."""
+
+
+def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
+    """`x` [M, K] -> (e4m3 [M, K], fp32 scales [M, 1]) with x ~ q * scale: each row scaled by its amax / 448."""
+    xf = x.float()
+    scale = xf.abs().amax(dim=-1, keepdim=True).clamp(min=AMAX_FLOOR) / E4M3_MAX
+    return (xf / scale).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3), scale
+
+
+def scaled_matmul(a: Tensor, w: Tensor, w_scale: Tensor) -> Tensor:
+    """`a` [M, K] (bf16 or fp32) times `w`^T in FP8, in bf16: `w` [N, K] e4m3, row-major, with `w_scale` [N] fp32.
+
+    `a` is quantized per row; M is padded to a multiple of 16 for `_scaled_mm` and the padding dropped after."""
+    m = a.shape[0]
+    pad = -m % ROW_MULTIPLE
+    if pad:
+        a = torch.nn.functional.pad(a, (0, 0, 0, pad))
+    aq, a_scale = quantize_rows(a)
+    out = torch._scaled_mm(aq, w.t(), scale_a=a_scale, scale_b=w_scale.view(1, -1), out_dtype=torch.bfloat16)
+    return out[:m] if pad else out
+
+
+class _Float8Matmul(torch.autograd.Function):
+    """y = x W^T with `w_fwd`, and dX = dY W with `w_bwd`; no gradient for the frozen weight."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, w_fwd: Tensor, s_fwd: Tensor, w_bwd: Tensor, s_bwd: Tensor) -> Tensor:
+        ctx.save_for_backward(w_bwd, s_bwd)
+        ctx.x_dtype = x.dtype
+        return scaled_matmul(x, w_fwd, s_fwd).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None, None]:
+        w_bwd, s_bwd = ctx.saved_tensors
+        return scaled_matmul(grad, w_bwd, s_bwd).to(ctx.x_dtype), None, None, None, None
+
+
+def quantize_weight(weight: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(w_fwd [out, in], its scales [out], w_bwd [in, out], its scales [in]) of a weight [out, in]: e4m3 and fp32."""
+    w_fwd, s_fwd = quantize_rows(weight)
+    w_bwd, s_bwd = quantize_rows(weight.t().contiguous())
+    return w_fwd, s_fwd.flatten(), w_bwd, s_bwd.flatten()
+
+
+class Float8FrozenLinear(nn.Module):
+    """A frozen `nn.Linear` whose matmuls run in FP8: e4m3 copies of W for the forward and the input gradient,
+    row-wise fp32 scales, the bias (if any) kept in its own dtype. Built with `from_linear`; has no weight."""
+
+    in_features: int
+    out_features: int
+    w_fwd: Tensor
+    s_fwd: Tensor
+    w_bwd: Tensor
+    s_bwd: Tensor
+    bias: nn.Parameter | None
+
+    def __init__(self, w_fwd: Tensor, s_fwd: Tensor, w_bwd: Tensor, s_bwd: Tensor, bias: Tensor | None) -> None:
+        super().__init__()
+        self.out_features, self.in_features = w_fwd.shape
+        # Raw bits: whole-module float casts (`module.bfloat16()`) leave integer buffers alone.
+        self.register_buffer("w_fwd", w_fwd.view(torch.uint8), persistent=False)
+        self.register_buffer("s_fwd", s_fwd.float().view(torch.int32), persistent=False)
+        self.register_buffer("w_bwd", w_bwd.view(torch.uint8), persistent=False)
+        self.register_buffer("s_bwd", s_bwd.float().view(torch.int32), persistent=False)
+        self.bias = nn.Parameter(bias.detach(), requires_grad=False) if bias is not None else None
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, device: torch.device | None = None) -> Float8FrozenLinear:
+        """Quantize `linear`'s weight (on `device`, default its own) into a new module; `linear` is left as it is."""
+        weight = linear.weight.detach()
+        if device is not None:
+            weight = weight.to(device)
+        bias = linear.bias.detach().to(weight.device) if linear.bias is not None else None
+        return cls(*quantize_weight(weight), bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        lead = x.shape[:-1]
+        y = _Float8Matmul.apply(
+            x.reshape(-1, self.in_features),
+            self.w_fwd.view(E4M3),
+            self.s_fwd.view(torch.float32),
+            self.w_bwd.view(E4M3),
+            self.s_bwd.view(torch.float32),
+        )
+        out: Tensor = y.reshape(*lead, self.out_features)
+        return out + self.bias if self.bias is not None else out
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, e4m3"
+
+
+def fp8_capable(shape: tuple[int, int]) -> bool:
+    """Whether `_scaled_mm` takes a weight of this [out, in] shape: both dimensions multiples of 16."""
+    return all(n % ROW_MULTIPLE == 0 for n in shape)
+
+
+def _decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The decoder layers of a (PEFT-wrapped) causal LM: the modules of the `ModuleList` named `layers`."""
+    found: list[nn.Module] = []
+    for name, module in model.named_modules():
+        if isinstance(module, nn.ModuleList) and name.rsplit(".", 1)[-1] == "layers":
+            found += list(module)
+    return found
+
+
+def apply_fp8(model: nn.Module, device: torch.device | None = None) -> int:
+    """Swap every frozen `nn.Linear` inside the decoder layers (LoRA's `base_layer`s, and plain frozen linears
+    there) for a `Float8FrozenLinear`, quantized on `device` (default: where each weight is); returns how many.
+
+    Run after PEFT wrapped the model and before the first step (torch.compile traces at the first forward). The
+    adapter's own linears (trainable) and weights whose shape `_scaled_mm` refuses are left alone."""
+    replaced: list[str] = []
+    names = {id(m): n for n, m in model.named_modules()}
+    for layer in _decoder_layers(model):
+        for parent in list(layer.modules()):
+            for child_name, child in list(parent.named_children()):
+                if type(child) is not nn.Linear or child.weight.requires_grad:
+                    continue
+                if not fp8_capable((child.out_features, child.in_features)):
+                    continue
+                setattr(parent, child_name, Float8FrozenLinear.from_linear(child, device))
+                child.weight = None  # type: ignore[assignment]  # free the bf16 weight now, not at the end
+                replaced.append(f"{names[id(parent)]}.{child_name}")
+    ignored = list(getattr(model, "_ddp_params_and_buffers_to_ignore", []))
+    buffers = ("w_fwd", "s_fwd", "w_bwd", "s_bwd")
+    model._ddp_params_and_buffers_to_ignore = ignored + [f"{n}.{b}" for n in replaced for b in buffers]  # type: ignore[assignment]
+    log.info("fp8: %d linear layers of the frozen base in FP8 (e4m3, row-wise scales)", len(replaced))
+    return len(replaced)
+
+
+def fp8_problem(*, cuda_available: bool, name: str = "", capability: tuple[int, int] = (0, 0)) -> str | None:
+    """Why `training.precision: fp8` cannot run here (no CUDA device, or one without FP8 matmuls), else None."""
+    if not cuda_available:
+        return (
+            "training.precision: fp8 needs FP8 matmuls (compute capability 8.9 or newer: Ada, Hopper, Blackwell); "
+            "this machine has no CUDA device"
+        )
+    if capability < FP8_MIN_CAPABILITY:
+        return (
+            "training.precision: fp8 needs FP8 matmuls (compute capability 8.9 or newer: Ada, Hopper, Blackwell); "
+            f"cuda:0 is {name} ({capability[0]}.{capability[1]})"
+        )
+    return None
+
+
+def fp8_config_problem(*, zero_stage: int) -> str | None:
+    """Why an fp8 run cannot start here: ZeRO-3 (which the API refuses too, for a trainer.json written by hand),
+    or `fp8_problem` for this process's CUDA device (cuda:0 as the process sees it); None when it can."""
+    if zero_stage == 3:
+        return "training.precision: fp8 needs ZeRO stage 0, 1 or 2 (ZeRO-3 shards the base weights fp8 replaces)"
+    if not torch.cuda.is_available():
+        return fp8_problem(cuda_available=False)
+    major, minor = torch.cuda.get_device_capability(0)
+    return fp8_problem(cuda_available=True, name=torch.cuda.get_device_name(0), capability=(major, minor))
