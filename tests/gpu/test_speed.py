@@ -214,3 +214,96 @@ def test_resolve_levers_reads_the_planners_checkpointing():
     partial = _cfg(training={"gradientCheckpointing": True}, strategy={"checkpointedLayers": 11})
     assert "compile" in off
     assert "compile" not in speed.resolve_levers(partial, cuda=True, env={})
+
+
+def test_once_logs_in_eager_code_and_never_breaks_a_compiled_graph(caplog):
+    """A log line inside a compiled decoder layer split every layer's graph in two (dynamo cannot trace Logger
+    calls); `_once` is silent while dynamo traces and still logs once in eager code."""
+    from torch._dynamo.utils import counters
+
+    speed._state["warned"].discard("test-once")
+
+    def layer(x):
+        speed._once("test-once", "seen inside a compiled function")
+        return x * 2
+
+    torch._dynamo.reset()
+    counters.clear()
+    out = torch.compile(layer, backend="eager", fullgraph=True)(torch.ones(3))
+    assert torch.equal(out, torch.full((3,), 2.0))
+    assert not counters["graph_break"]
+    assert "test-once" not in speed._state["warned"]  # nothing was logged while tracing
+    with caplog.at_level("INFO", logger=speed.log.name):
+        layer(torch.ones(1))
+        layer(torch.ones(1))
+    assert [r.getMessage() for r in caplog.records].count("seen inside a compiled function") == 1
+
+
+def test_padding_packed_batches_changes_neither_loss_nor_gradients():
+    """`speed.PACKED_PAD_MULTIPLE`: TRL's padding-free collator with pad_to_multiple_of appends one-token documents
+    labelled -100; the loss and every gradient equal the unpadded batch's (varlen path, float64)."""
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+    model = _tiny_llama_layers(2)
+    speed.use_varlen_attention(model)
+    model.train()
+    g = torch.Generator().manual_seed(5)
+    docs = [{"input_ids": torch.randint(1, 97, (n,), generator=g).tolist(), "seq_lengths": [n]} for n in (9, 5, 13)]
+
+    def loss_and_grads(multiple):
+        collate = DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True, pad_to_multiple_of=multiple)
+        batch = collate(docs)
+        model.zero_grad()
+        loss = model(**batch, use_cache=False).loss
+        loss.backward()
+        return batch, loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    plain_batch, plain_loss, plain_grads = loss_and_grads(None)
+    padded_batch, padded_loss, padded_grads = loss_and_grads(speed.PACKED_PAD_MULTIPLE)
+    assert plain_batch["input_ids"].shape[1] == 27
+    assert padded_batch["input_ids"].shape[1] == 64
+    assert padded_batch["cu_seq_lens_q"].numel() == 4 + 37  # three documents, then one per pad token
+    assert torch.allclose(padded_loss, plain_loss, rtol=0, atol=1e-12)
+    assert padded_grads.keys() == plain_grads.keys()
+    for name, grad in plain_grads.items():
+        assert torch.allclose(padded_grads[name], grad, rtol=1e-10, atol=1e-12), name
+
+
+def test_packed_batches_are_padded_only_into_compiled_layers():
+    assert speed.pad_to_multiple_of({"varlen", "compile"}, packing=True) == speed.PACKED_PAD_MULTIPLE
+    assert speed.pad_to_multiple_of({"varlen", "liger"}, packing=True) is None
+    assert speed.pad_to_multiple_of({"compile"}, packing=False) is None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+def test_compiled_layers_with_varlen_attention_have_no_graph_break():
+    """The trainer's compiled path on CUDA: every decoder layer one graph (varlen kernel inside), losses equal eager's
+    over batches of different token counts and document counts, padded as the trainer pads them."""
+    from torch._dynamo.utils import counters
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+    def model_on_gpu():
+        model = _tiny_llama("sdpa").to("cuda", torch.bfloat16).train()
+        speed.use_varlen_attention(model)
+        return model
+
+    g = torch.Generator().manual_seed(7)
+    collate = DataCollatorForLanguageModeling(
+        pad_token_id=0, padding_free=True, pad_to_multiple_of=speed.PACKED_PAD_MULTIPLE
+    )
+    batches = []
+    for lengths in ((100, 37, 60), (250, 3), (17, 17, 17, 90, 5)):
+        docs = [{"input_ids": torch.randint(1, 97, (n,), generator=g).tolist(), "seq_lengths": [n]} for n in lengths]
+        batches.append({k: (v.cuda() if hasattr(v, "cuda") else v) for k, v in collate(docs).items()})
+    eager = model_on_gpu()
+    compiled = model_on_gpu()
+    torch._dynamo.reset()
+    counters.clear()
+    assert speed.compile_layers(compiled) == 2
+    for batch in batches:
+        want = eager(**batch, use_cache=False).loss
+        got = compiled(**batch, use_cache=False).loss
+        got.backward()
+        assert abs(float(got) - float(want)) < 2e-2 * abs(float(want))
+    assert not counters["graph_break"], dict(counters["graph_break"])

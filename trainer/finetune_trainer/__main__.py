@@ -43,6 +43,7 @@ def train(config_path: str) -> int:
     from finetune_trainer.checkpoints import CompletionMarker, SaveOnSigterm, prepare_resume
     from finetune_trainer.cpu import on_cpu, prepare_cpu_backend
     from finetune_trainer.data import load_data
+    from finetune_trainer.heap import FreezeSetupHeap
     from finetune_trainer.hub import PushOnSave, hub_target, push
     from finetune_trainer.loading import load_config
     from finetune_trainer.model import load_model, load_tokenizer
@@ -95,7 +96,7 @@ def train(config_path: str) -> int:
     log.info("resuming from %s" if resume else "fresh start (no complete checkpoint in %s)", resume or output)
     reporter = Reporter()
     sigterm = SaveOnSigterm()
-    callbacks = [CompletionMarker(), sigterm, ProgressCallback(reporter, output / "metrics.jsonl")]
+    callbacks = [CompletionMarker(), sigterm, ProgressCallback(reporter, output / "metrics.jsonl"), FreezeSetupHeap()]
     target = hub_target(cfg)
     if target is not None:
         callbacks.append(PushOnSave(*target))

@@ -70,9 +70,8 @@ def build_sft_config(cfg: TrainerInput) -> SFTConfig:
     from finetune_trainer import speed
 
     # fused AdamW where the Trainer (not DeepSpeed) steps the optimizer, on CUDA (speed.resolve_levers)
-    optim = speed.optimizer_name(
-        speed.resolve_levers(cfg, cuda=not cpu), cuda=not cpu, deepspeed=cfg.strategy.zero_stage > 0
-    )
+    levers = speed.resolve_levers(cfg, cuda=not cpu)
+    optim = speed.optimizer_name(levers, cuda=not cpu, deepspeed=cfg.strategy.zero_stage > 0)
     extra: dict[str, Any] = {"optim": optim} if optim else {}
     return SFTConfig(
         **extra,
@@ -109,6 +108,7 @@ def build_sft_config(cfg: TrainerInput) -> SFTConfig:
         max_length=d.max_seq_len,
         packing=d.packing,
         packing_strategy="bfd",
+        pad_to_multiple_of=speed.pad_to_multiple_of(levers, packing=d.packing),
         eval_packing=d.packing,
         dataset_text_field=d.text_field,
         dataset_num_proc=None,
