@@ -15,6 +15,7 @@ from finetune_operator.status import (
     StatusResult,
     compute_status,
     only_details_changed,
+    only_starting,
 )
 from tests.builders import job_body
 
@@ -191,3 +192,28 @@ def _written(phase: str, ready: int, running: str = "False") -> dict[str, Any]:
 )
 def test_only_ready_counts_and_messages_are_details(old: dict[str, Any], new: dict[str, Any], details: bool) -> None:
     assert only_details_changed(old, new) is details
+
+
+def _first(*conditions: tuple[str, str], phase: str = "Pending") -> dict[str, Any]:
+    listed = [{"type": t, "status": v, "reason": t, "message": t} for t, v in conditions]
+    message = "attempt 1: 0/2 node(s) ready"
+    return {"phase": phase, "attempt": 1, "readyNodes": 0, "message": message, "conditions": listed}
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "starting"),
+    [
+        ({}, _first(("Created", "True")), True),  # the attempt is created, its pods are on their way
+        ({}, _first(("Created", "True"), ("PodsHealthy", "True")), True),  # and its first pod is fine
+        ({}, _first(("Created", "True"), ("PodsHealthy", "False")), False),  # a pod problem is news
+        ({}, _first(("Suspended", "True")), False),  # waiting for admission is news
+        ({}, _first(("Created", "True"), ("Running", "True"), phase="Running"), False),
+        ({}, _first(("Created", "True"), ("Failed", "True"), phase="Failed"), False),
+        (_first(("Created", "True")), _first(("Created", "True")), False),  # not the first status
+        (_written("Pending", 0), _written("Pending", 1), False),  # a detail, not a first status
+    ],
+)
+def test_only_a_new_jobs_first_pending_status_is_starting(
+    old: dict[str, Any], new: dict[str, Any], starting: bool
+) -> None:
+    assert only_starting(old, new) is starting

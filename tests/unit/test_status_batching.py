@@ -1,5 +1,7 @@
 """Status writes: news (phase, attempt, conditions) at once; a ready count that moves waits a second for a
-wake-up (and is written at most once a second), so a burst of pod events costs one write, not one per pod."""
+wake-up (and is written at most once a second), so a burst of pod events costs one write, not one per pod.
+A new job's first "Pending, pods starting" waits the same second, with its event: Running, when it comes
+within that second, is then the job's first status write and its only event."""
 
 import asyncio
 import time
@@ -8,19 +10,22 @@ from typing import Any
 
 from finetune_api.v1alpha1.status import FineTuneJobStatus
 from finetune_operator.handlers import reconciling
+from finetune_operator.handlers.reconciling import STATUS_BATCH_SECONDS
 from finetune_operator.handlers.state import OperatorConfig, OperatorState
+from finetune_operator.status import Transition
 
 
 class FakeKube:
     def __init__(self) -> None:
         self.patches: list[dict[str, Any]] = []
+        self.events: list[str] = []
 
     async def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
         self.patches.append(status)
         return {"metadata": {"namespace": namespace, "name": name, "resourceVersion": str(len(self.patches))}}
 
-    async def post_event(self, *_: Any) -> None:
-        return None
+    async def post_event(self, _body: Any, _type: str, reason: str, _message: str) -> None:
+        self.events.append(reason)
 
 
 def _status(phase: str, ready: int) -> FineTuneJobStatus:
@@ -57,7 +62,7 @@ def test_a_ready_count_moving_again_within_a_second_waits_and_a_phase_change_doe
     assert len(wakeups) == 1  # the deferred count would have been written by this wake-up
 
 
-def test_the_first_status_is_written_at_once() -> None:
+def test_a_first_status_without_conditions_is_written_at_once() -> None:
     patches, wakeups = asyncio.run(_writes([_status("Pending", 0)]))
     assert len(patches) == 1 and wakeups == []
 
@@ -85,3 +90,50 @@ def test_pods_healthy_appearing_waits_and_a_pod_problem_does_not() -> None:
     stuck = _with(_status("Pending", 0), ("Created", "True"), ("PodsHealthy", "False"))
     patches, wakeups = asyncio.run(_writes([stuck], last_write_ago=0, start=created))
     assert len(patches) == 1 and wakeups == []  # a problem is news, written at once
+
+
+STARTING = Transition("Normal", "PodsStarting", "attempt 1: 0/2 node(s) ready")
+READY = Transition("Normal", "AllNodesReady", "attempt 1: 2/2 node(s) running")
+
+
+async def _rounds(
+    steps: list[tuple[FineTuneJobStatus, Transition]], waited: float = 0.0
+) -> tuple[FakeKube, OperatorState]:
+    """Rounds of one new job, each against the status written so far; `waited`: how long ago the first round
+    left its status to a wake-up (as if the job's earlier rounds had waited that long)."""
+    kube = FakeKube()
+    state = OperatorState(config=OperatorConfig(image="t"), kube=kube)  # type: ignore[arg-type]
+    if waited:
+        state.details_seen[("ns", "demo")] = time.monotonic() - waited
+    job = SimpleNamespace(namespace="ns", name="demo")
+    old: dict[str, Any] = {}
+    for status, transition in steps:
+        body = {"metadata": {"namespace": "ns", "name": "demo"}, "status": old}
+        actions: Any = SimpleNamespace(status=status, transitions=[transition])
+        await reconciling._write_status(state, body, job, actions)  # type: ignore[arg-type]
+        old = {**old, **kube.patches[-1]} if kube.patches else old
+    return kube, state
+
+
+def test_a_new_jobs_first_pending_waits_with_its_event_and_running_replaces_both() -> None:
+    pending = _with(_status("Pending", 0), ("Created", "True"))
+    running = _with(_status("Running", 2), ("Created", "True"), ("Running", "True"))
+    kube, state = asyncio.run(_rounds([(pending, STARTING)]))
+    assert kube.patches == [] and kube.events == []  # nothing written or announced yet
+    assert not state.wakeups.inbox.empty()  # a wake-up writes it within the second
+    kube, _ = asyncio.run(_rounds([(pending, STARTING), (running, READY)]))
+    assert [p["phase"] for p in kube.patches] == ["Running"] and kube.events == ["AllNodesReady"]
+
+
+def test_a_new_jobs_first_pending_is_written_with_its_event_once_the_second_passed() -> None:
+    pending = _with(_status("Pending", 0), ("Created", "True"))
+    kube, _ = asyncio.run(_rounds([(pending, STARTING)], waited=STATUS_BATCH_SECONDS))
+    assert [p["phase"] for p in kube.patches] == ["Pending"] and kube.events == ["PodsStarting"]
+
+
+def test_a_new_jobs_first_status_with_news_is_written_at_once() -> None:
+    stuck = _with(_status("Pending", 0), ("Created", "True"), ("PodsHealthy", "False"))
+    waiting = _with(_status("Pending", 0), ("Suspended", "True"))
+    for status in (stuck, waiting):
+        kube, _ = asyncio.run(_rounds([(status, STARTING)]))
+        assert [p["phase"] for p in kube.patches] == ["Pending"] and kube.events == ["PodsStarting"]

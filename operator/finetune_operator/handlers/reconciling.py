@@ -33,8 +33,8 @@ from finetune_operator.status import (
     Transition,
     child_conflict,
     field_conflict_message,
+    may_wait,
     name_conflict_message,
-    only_details_changed,
 )
 
 log = logging.getLogger(__name__)
@@ -42,7 +42,8 @@ log = logging.getLogger(__name__)
 PROGRESS_KEYS = frozenset({"progress", "output"})
 RESYNC_JITTER = 0.1
 # A change of only the ready count or messages waits a second, and is written at most once a second per job
-# (`only_details_changed`): a burst's "1/2 ready" then goes out with the "Running" that follows it.
+# (`only_details_changed`): a burst's "1/2 ready" then goes out with the "Running" that follows it. A new
+# job's first "Pending, pods starting" waits the same second (`only_starting`), with its event.
 STATUS_BATCH_SECONDS = 1.0
 FAILURE_REASONS = frozenset(
     {"InvalidSpec", "PermanentError", "BackoffLimitExceeded", "DeadlineExceeded", "NameConflict", "FieldConflict"}
@@ -224,25 +225,31 @@ async def _undo(state: OperatorState, created: list[Created]) -> None:
 
 
 async def _write_status(state: OperatorState, body: dict[str, Any], job: FineTuneJob, actions: Actions) -> None:
-    """Patch only what changed (and never progress/output), then post one event per transition."""
+    """Patch only what changed (and never progress/output), then post one event per transition.
+
+    A change that may wait (`status.may_wait`) is left to a wake-up within `STATUS_BATCH_SECONDS`, or to an
+    earlier round with news; its transitions wait with it: they are taken against the written status, so
+    the round that writes announces them (or the ones that replaced them: Running instead of PodsStarting).
+    """
     new = {k: v for k, v in actions.status.to_dict(exclude_none=True).items() if k not in PROGRESS_KEYS}
     old = body.get("status") or {}
     delta: dict[str, Any] = {k: v for k, v in new.items() if old.get(k) != v}
     delta |= {k: None for k, v in old.items() if k not in new and k not in PROGRESS_KEYS and v is not None}
     key = (job.namespace, job.name)
     now = time.monotonic()
-    if delta and only_details_changed(old, {**old, **delta}):
+    transitions = actions.transitions
+    if delta and may_wait(old, {**old, **delta}):
         since_write = now - state.status_written.get(key, -math.inf)
         since_seen = now - state.details_seen.setdefault(key, now)
         wait = STATUS_BATCH_SECONDS - min(since_write, since_seen)
         if wait > 0:  # written by this wake-up, or sooner with news (a phase change) from another round
             state.wakeups.schedule(key, wait)
-            delta = {}
+            delta, transitions = {}, []
     elif not delta:
         state.details_seen.pop(key, None)  # what waited is no longer a change
     if delta:
         await _patch_status(state, body, delta)
-    for transition in actions.transitions:
+    for transition in transitions:
         await _announce(state, body, transition)
 
 
