@@ -3,7 +3,7 @@ body (`Bodies`)."""
 
 from typing import Any
 
-from finetune_operator.handlers.indexes import owned_job, owned_pod
+from finetune_operator.handlers.indexes import owned_job, owned_pod, pod_trigger
 from finetune_operator.runtime import Bodies, ChildTriggers, Triggers
 
 
@@ -77,3 +77,24 @@ def test_a_childs_event_triggers_only_when_what_the_round_reads_of_it_changed() 
     assert children.changed("p1", owned_pod(_pod(podIP="10.0.0.7", conditions=ready)))
     children.forget("p1")
     assert children.changed("p1", owned_pod(_pod(podIP="10.0.0.7", conditions=ready)))
+
+
+def _waiting_pod(node: str | None, conditions: list[dict[str, str]] | None = None) -> dict[str, Any]:
+    meta = {"name": "a-1-0-x", "namespace": "ns", "uid": "p1", "ownerReferences": [{"controller": True, "uid": "j1"}]}
+    spec = {"nodeName": node} if node else {}
+    return {"metadata": meta, "spec": spec, "status": {"phase": "Pending", "conditions": conditions or []}}
+
+
+def test_a_pod_bound_to_a_node_is_no_news_but_leaving_a_scheduler_problem_is() -> None:
+    children = ChildTriggers()
+    assert children.changed("p1", pod_trigger(owned_pod(_waiting_pod(None))))
+    bound = owned_pod(_waiting_pod("n1"))
+    assert bound.value.node == "n1"  # the index keeps the node (a lost pod's message names it)
+    assert not children.changed("p1", pod_trigger(bound))  # the trigger does not look at it
+    running = _waiting_pod("n1") | {"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}
+    assert children.changed("p1", pod_trigger(owned_pod(running)))
+    unschedulable = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/4 nodes"}]
+    children.forget("p1")
+    assert children.changed("p1", pod_trigger(owned_pod(_waiting_pod(None, unschedulable))))
+    scheduled = [{"type": "PodScheduled", "status": "True"}]
+    assert children.changed("p1", pod_trigger(owned_pod(_waiting_pod("n1", scheduled))))  # its problem is gone
