@@ -151,12 +151,44 @@ def make_model_fp8(a: argparse.Namespace, out: Path, cfg, vocab: int) -> int:
     return n
 
 
+ARITH_DIGIT, ARITH_PLUS, ARITH_EQUALS, ARITH_END = 10, 20, 21, 22  # token ids: digits d -> w(10 + d), "+", "=", ";"
+
+
+def arithmetic_row(gen, row_len: int) -> list[int]:
+    """`row_len` tokens of additions "a + b = c ;" (a, b < 1000, digit by digit): a corpus a model can learn (the
+    operators, separators and the sum's digits follow from what came before), for loss comparisons that mean
+    something, unlike rows of uniform random tokens whose loss stays at log(vocab)."""
+    import torch
+
+    row: list[int] = []
+    while len(row) < row_len:
+        x, y = (int(v) for v in torch.randint(0, 1000, (2,), generator=gen))
+        digits = lambda n: [ARITH_DIGIT + int(c) for c in str(n)]  # noqa: E731
+        row += [*digits(x), ARITH_PLUS, *digits(y), ARITH_EQUALS, *digits(x + y), ARITH_END]
+    return row[:row_len]
+
+
+def write_rows(path: Path, rows: list[list[int]], lengths: list[int]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as f:
+        for row, n in zip(rows, lengths):
+            f.write(json.dumps({"content": " ".join(f"w{i}" for i in row[:n])}) + "\n")
+    os.replace(tmp, path)
+
+
 def make_data(a: argparse.Namespace) -> None:
     import torch
 
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     gen = torch.Generator().manual_seed(a.seed)
+    if a.arithmetic:  # train.jsonl and a held-out test.jsonl (another seed) of arithmetic rows
+        write_rows(out / "train.jsonl", [arithmetic_row(gen, a.row_len) for _ in range(a.rows)], [a.row_len] * a.rows)
+        held_out = torch.Generator().manual_seed(a.seed + 1)
+        rows = [arithmetic_row(held_out, a.row_len) for _ in range(a.eval_rows)]
+        write_rows(out / "test.jsonl", rows, [a.row_len] * a.eval_rows)
+        print(f"{out}: {a.rows} + {a.eval_rows} arithmetic rows of {a.row_len} tokens", flush=True)
+        return
     ids = torch.randint(4, a.vocab, (a.rows, a.row_len), generator=gen, dtype=torch.int64)
     lengths = [a.row_len] * a.rows
     if a.lognormal_median:
@@ -165,11 +197,7 @@ def make_data(a: argparse.Namespace) -> None:
 
         draw = torch.empty(a.rows).log_normal_(math.log(a.lognormal_median), a.sigma, generator=gen)
         lengths = [max(16, min(a.row_len, int(x))) for x in draw.tolist()]
-    tmp = out / ".train.jsonl.tmp"
-    with open(tmp, "w") as f:
-        for row, n in zip(ids.tolist(), lengths):
-            f.write(json.dumps({"content": " ".join(f"w{i}" for i in row[:n])}) + "\n")
-    os.replace(tmp, out / "train.jsonl")
+    write_rows(out / "train.jsonl", ids.tolist(), lengths)
     shown = sorted(lengths)[len(lengths) // 2]
     print(f"{out}: {a.rows} rows, median {shown} tokens (max {a.row_len})", flush=True)
 
@@ -197,6 +225,8 @@ def main() -> None:
     d.add_argument("--seed", type=int, default=1234)
     d.add_argument("--lognormal-median", type=int, default=0, help="rows of lognormal lengths with this median")
     d.add_argument("--sigma", type=float, default=0.8, help="the lognormal's sigma (log-space)")
+    d.add_argument("--arithmetic", action="store_true", help="learnable rows of additions, and a test split")
+    d.add_argument("--eval-rows", type=int, default=32, help="with --arithmetic: rows of the test split")
     a = p.parse_args()
     make_model(a) if a.cmd == "model" else make_data(a)
 

@@ -21,11 +21,13 @@ import time
 
 T_START = time.time()
 
+import gc  # noqa: E402
 import inspect  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 
 def bench_model_shims() -> None:
@@ -115,13 +117,35 @@ def main() -> int:
         if cuda:
             torch.cuda.synchronize()
 
+    profile_steps = [int(x) for x in os.environ.get("FTJOB_BENCH_PROFILE", "").split(",") if x.strip()]
+
     class StepTimer(TrainerCallback):
+        """Step begin/end after a device sync, plus per step: Python GC pause, torch.compile graphs so far,
+        allocator retries and device allocations (what can make one step slow), and an optional profile."""
+
         def __init__(self) -> None:
             self.begin: list[float] = []
             self.end: list[float] = []
             self.train_begin = None
             self.peak_before_train = 0.0
             self.written = False
+            self.gc_s: list[float] = []  # per step: seconds in Python's garbage collector
+            self.gc_full: list[int] = []  # per step: collections of the oldest generation
+            self.graphs: list[int] = []  # per step end: torch.compile graphs compiled so far
+            self.alloc_retries: list[int] = []
+            self.device_allocs: list[int] = []
+            self._gc_now = [0.0, 0, None]
+            self.profiler = None
+            self.profile_t0 = 0.0
+            gc.callbacks.append(self._on_gc)
+
+        def _on_gc(self, phase, gc_info):
+            if phase == "start":
+                self._gc_now[2] = time.perf_counter()
+            elif self._gc_now[2] is not None:
+                self._gc_now[0] += time.perf_counter() - self._gc_now[2]
+                self._gc_now[1] += int(gc_info.get("generation") == 2)
+                self._gc_now[2] = None
 
         def on_train_begin(self, args, state, control, **kw):
             sync()
@@ -138,11 +162,43 @@ def main() -> int:
 
         def on_step_begin(self, args, state, control, **kw):
             sync()
+            if profile_steps and state.global_step + 1 == profile_steps[0] and cuda:
+                from torch.profiler import ProfilerActivity, profile
+
+                self.profiler = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+                self.profiler.__enter__()
+                self.profile_t0 = time.time()
+            self._gc_now[:2] = [0.0, 0]
             self.begin.append(time.time())
 
         def on_step_end(self, args, state, control, **kw):
             sync()
             self.end.append(time.time())
+            self.gc_s.append(self._gc_now[0])
+            self.gc_full.append(self._gc_now[1])
+            self.graphs.append(int(dynamo_counters().get("stats", {}).get("unique_graphs", 0)))
+            if cuda:
+                stats = torch.cuda.memory_stats()
+                self.alloc_retries.append(int(stats.get("num_alloc_retries", 0)))
+                self.device_allocs.append(int(stats.get("num_device_alloc", 0)))
+            if self.profiler is not None and state.global_step == profile_steps[-1]:
+                wall = time.time() - self.profile_t0
+                self.profiler.__exit__(None, None, None)
+                import step_profile
+
+                summary = step_profile.summarize(
+                    step_profile.kernel_times(self.profiler),
+                    steps=profile_steps[-1] - profile_steps[0] + 1,
+                    wall_s=wall,
+                )
+                info["profile"] = summary
+                try:
+                    table = self.profiler.key_averages().table(sort_by="self_device_time_total", row_limit=60)
+                except Exception:  # older torch names the column after CUDA
+                    table = self.profiler.key_averages().table(sort_by="self_cuda_time_total", row_limit=60)
+                out = Path(results).parent / f"profile_{name}.txt"
+                out.write_text(step_profile.render(summary) + "\n\n" + table + "\n")
+                self.profiler = None
 
         def on_train_end(self, args, state, control, model=None, **kw):
             if not self.written:
@@ -243,6 +299,12 @@ def main() -> int:
             dynamo_counters={k: dict(v) for k, v in dynamo_counters().items()},
             checkpointed_layers=sum(bool(getattr(m, "gradient_checkpointing", False)) for m in decoder_layers(model)),
             alloc_conf=os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
+            step_gc_s=timer.gc_s,
+            step_gc_full=timer.gc_full,
+            step_graphs=timer.graphs,
+            step_alloc_retries=timer.alloc_retries,
+            step_device_allocs=timer.device_allocs,
+            gc_frozen=gc.get_freeze_count(),
         )
         gathered = [res]
         if dist.is_available() and dist.is_initialized():
@@ -308,6 +370,7 @@ def main() -> int:
             tokens_per_step_per_gpu=tok_step,
             tokens_per_s_per_gpu=(tok_step / step_s) if ok else None,
             losses=losses,
+            eval_losses=[[h.get("step"), h["eval_loss"]] for h in state.log_history if "eval_loss" in h],
             gradient_checkpointing=bool(args.gradient_checkpointing),
             gc_kwargs_effective=dict(args.gradient_checkpointing_kwargs or {}),
             optim=str(args.optim),
@@ -315,6 +378,8 @@ def main() -> int:
             quantized=bool(getattr(cfg, "quantization_config", None)),
             loss_finite=all(x is not None and x == x and abs(x) != float("inf") for x in losses),
             ranks=gathered,
+            profile=info.get("profile"),
+            pad_to_multiple_of=getattr(args, "pad_to_multiple_of", None),
         )
         line = json.dumps(summary, default=str)
         print("RESULT_JSON " + line, flush=True)

@@ -321,7 +321,50 @@ def plan_stalls() -> list[dict]:
     ]
 
 
-PLANS = {"auto1g": plan_auto1g, "stalls": plan_stalls, "q70mem": plan_q70mem, "q70": plan_q70, "release": plan_release, "big70": plan_big70, "integrated": plan_integrated, "perf": plan_perf, "final": plan_final, "last": plan_last, "memory": plan_memory, "cpu-smoke": plan_cpu_smoke}
+def plan_fast1g() -> list[dict]:
+    """One GPU, after the compiled path lost its graph breaks and the heap is frozen: the default job interleaved
+    with the seed recipe (seed, default, seed, default), the second default job profiled at steps 4-5 (step_profile.py;
+    its tokens/s come from steps 7-14), then 200 steps of the default job on lognormal documents with per-step
+    diagnostics (GC pauses, compiled graphs, allocator retries; TORCH_LOGS=recompiles names any recompile)."""
+    note = "1 GPU, default job, 200 steps, lognormal document lengths (median 360), packed batches padded to 64"
+    return [
+        seed_1gpu("A_zero3_1g"),
+        default_job("ours_default"),
+        seed_1gpu("A_zero3_1g_rep2"),
+        default_job("ours_default_prof", steps=14, env={"FTJOB_BENCH_PROFILE": "4,5"},
+                    note=DEFAULT_NOTE + "; torch.profiler over steps 4-5"),
+        default_job("stall_default", steps=200, minimum=150, limit=290, extra=LOGNORMAL, note=note,
+                    env={"FTJOB_BENCH_MEASURE": "190", "TORCH_LOGS": "recompiles"}),
+    ]
+
+
+ARITHMETIC = {"spec": {
+    "dataset": {"name": str(DATA / "arith2048"), "splits": ["train", "test"]},
+    "training": {"evalStrategy": "steps", "evalSteps": 200, "perDeviceEvalBatchSize": 4, "loggingSteps": 1},
+}}
+
+
+def quality_job(name: str, precision: str) -> dict:
+    """The default job for 200 steps on the learnable arithmetic rows (2048 tokens each, as the bench rows), eval
+    on the held-out split at step 200: train/eval loss of bf16 vs fp8, and the steady tokens/s of both."""
+    extra = H.deep_merge(ARITHMETIC, {"spec": {"training": {"precision": precision}}})
+    return default_job(name, steps=200, minimum=150, limit=260, extra=extra,
+                       env={"FTJOB_BENCH_MEASURE": "150"},
+                       note=f"1 GPU, default job, training.precision {precision}, 200 steps of arithmetic rows")
+
+
+def plan_fp8() -> list[dict]:
+    """One GPU: training.precision fp8 against the default (bf16) job on the same 200 steps of learnable data,
+    between two seed-recipe jobs (their tokens/s for the ratio of this run)."""
+    return [
+        seed_1gpu("A_zero3_1g"),
+        quality_job("q_bf16", "default"),
+        quality_job("q_fp8", "fp8"),
+        seed_1gpu("A_zero3_1g_rep2"),
+    ]
+
+
+PLANS = {"fast1g": plan_fast1g, "fp8": plan_fp8, "auto1g": plan_auto1g, "stalls": plan_stalls, "q70mem": plan_q70mem, "q70": plan_q70, "release": plan_release, "big70": plan_big70, "integrated": plan_integrated, "perf": plan_perf, "final": plan_final, "last": plan_last, "memory": plan_memory, "cpu-smoke": plan_cpu_smoke}
 
 
 class Runner:
