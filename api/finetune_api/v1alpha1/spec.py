@@ -62,7 +62,10 @@ FP8_NO_ZERO3 = (
     "training.precision: fp8 needs distributed.deepspeed.zeroStage 0, 1, 2 or auto (ZeRO-3, the default, shards "
     "the base weights that fp8 replaces with FP8 copies)"
 )
-FP8_NEEDS_GPUS = "training.precision: fp8 needs GPUs (distributed.gpusPerNode > 0): CPUs have no FP8 matmuls"
+FP8_NEEDS_GPUS = (
+    "training.precision: fp8 needs GPUs with FP8 matmuls (distributed.gpusPerNode > 0; compute capability 8.9 or "
+    "newer: Ada, Hopper, Blackwell): CPUs have none"
+)
 FreeForm = Annotated[
     dict[str, Any],
     WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True}),
