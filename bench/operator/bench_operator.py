@@ -138,15 +138,20 @@ class Bench:
         raise RuntimeError(f"no default ServiceAccount in {name}")
 
     def delete_namespace(self, name: str, wait: float = 180) -> None:
+        """Delete a run's namespace and wait until its pods are gone (the deletion's work, and the nodes'
+        capacity), not for the namespace itself: once its content is deleted, the namespace controller's
+        retry backoff (exponential per namespace) can keep it Terminating for minutes with nothing left."""
         self.core.delete_namespace(name)
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
             try:
                 self.core.read_namespace(name)
-                time.sleep(1)
             except Exception:
                 return
-        log(f"namespace {name} still terminating after {wait:.0f}s")
+            if not self.core.list_namespaced_pod(name, limit=1).items:
+                return
+            time.sleep(1)
+        log(f"namespace {name} still has pods after {wait:.0f}s")
 
     def request_counts(self) -> Counter[tuple[str, str]]:
         """apiserver_request_total summed per (verb, resource)."""
