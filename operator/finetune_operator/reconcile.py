@@ -18,8 +18,6 @@ a child is created with a plain create, and only an object whose controlling own
 precondition. Anything else is a `NameConflict` that fails the job and touches nothing.
 """
 
-import hashlib
-import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
@@ -164,10 +162,9 @@ def _terminal(job: FineTuneJob, observed: Observed, result: StatusResult, now: d
     )
 
 
-def with_template_hash(attempt_job: dict[str, Any]) -> dict[str, Any]:
-    """The attempt Job annotated with a hash of its spec, to notice a spec edited while suspended."""
-    spec = {k: v for k, v in attempt_job["spec"].items() if k != "suspend"}  # ours to flip, not an edit
-    digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+def with_template_hash(attempt_job: dict[str, Any], digest: str) -> dict[str, Any]:
+    """The attempt Job annotated with `digest`, the hash of its spec (`render.spec_digest`; a rendering keeps
+    it as `Rendered.job_digest`), to notice a spec edited while suspended."""
     meta = attempt_job["metadata"]
     return {**attempt_job, "metadata": {**meta, "annotations": {**meta.get("annotations", {}), TEMPLATE_HASH: digest}}}
 
@@ -220,7 +217,7 @@ def reconcile(
     if not observed.service:
         apply.append(owned(rendered.service, job))
     current = observed.attempts.get(attempt)
-    attempt_job = with_template_hash(owned(rendered.job, job))
+    attempt_job = with_template_hash(owned(rendered.job, job), rendered.job_digest)
     create = [attempt_job] if current is None else []
     if create and result.reason == "Creating":
         # The status describes the cluster after this round, which creates the Job (the status is written only

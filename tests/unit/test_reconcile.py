@@ -267,3 +267,27 @@ def test_the_progress_url_and_ca_reach_the_pod() -> None:
     env = {e["name"]: e.get("value") for e in actions.create[0]["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["FTJOB_PROGRESS_CA_FILE"] == "/etc/ftjob/progress-ca.crt"
     assert env["FTJOB_PROGRESS_URL"].endswith("/finetunejobs/demo/progress")
+
+
+def test_the_attempt_jobs_template_hash_is_computed_once_per_rendering(monkeypatch: pytest.MonkeyPatch) -> None:
+    import finetune_operator.render as rendering
+    from finetune_operator.render.memo import RenderMemo
+
+    calls = 0
+    real = rendering.spec_digest
+
+    def counting(attempt_job: dict[str, Any]) -> str:
+        nonlocal calls
+        calls += 1
+        return real(attempt_job)
+
+    monkeypatch.setattr(rendering, "spec_digest", counting)
+    memo = RenderMemo()
+    hashes = [
+        reconcile(ftj(), seen(children=False), NOW, OPTIONS, renderer=memo).create[0]["metadata"]["annotations"]
+        for _ in range(3)
+    ]
+    assert calls == 1 and memo.hits == 2  # three rounds of one spec: one rendering, one hash
+    job = render_all(ftj(), OPTIONS).job
+    flipped = {**job, "spec": {**job["spec"], "suspend": not job["spec"].get("suspend")}}
+    assert hashes[0]["finetune.dev/template-hash"] == real(job) == real(flipped)  # suspend is ours, not an edit

@@ -8,7 +8,10 @@ accelerate.yaml -> trainer.json -> files -> node command -> ConfigMap, Service, 
 is admission and rendering in one call, for callers that hold a job and no admission yet (tests, benchmarks).
 """
 
+import hashlib
+import json
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from finetune_api.trainer_input import TrainerInput
@@ -33,6 +36,7 @@ __all__ = [
     "render",
     "render_all",
     "render_files",
+    "spec_digest",
 ]
 
 
@@ -52,10 +56,23 @@ class Rendered:
     service: dict[str, Any]
     job: dict[str, Any]
 
+    @cached_property
+    def job_digest(self) -> str:
+        """`spec_digest` of the attempt Job, once per rendering: a round compares it with the live Job's every
+        time, and renderings are memoized per spec (`render.memo.RenderMemo`), so rounds reuse it."""
+        return spec_digest(self.job)
+
     @property
     def manifests(self) -> list[dict[str, Any]]:
         """The children in the order they are applied (and `ftjob render` writes them)."""
         return [self.config_map, self.service, self.job]
+
+
+def spec_digest(attempt_job: dict[str, Any]) -> str:
+    """A short hash of an attempt Job's spec without `suspend` (the operator's to flip, not an edit): the
+    template-hash annotation that tells a Job rendered from an older spec (`reconcile.with_template_hash`)."""
+    spec = {k: v for k, v in attempt_job["spec"].items() if k != "suspend"}
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def render(ctx: RenderContext) -> Rendered:
