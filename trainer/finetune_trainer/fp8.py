@@ -38,6 +38,7 @@ without FP8 matmuls before the model loads.
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 import torch
@@ -184,27 +185,28 @@ def apply_fp8(model: nn.Module, device: torch.device | None = None) -> int:
     return len(replaced)
 
 
-def fp8_problem(*, cuda_available: bool, name: str = "", capability: tuple[int, int] = (0, 0)) -> str | None:
-    """Why `training.precision: fp8` cannot run here (no CUDA device, or one without FP8 matmuls), else None."""
+def fp8_problem(
+    *, cuda_available: bool, device: str = "cuda:0", name: str = "", capability: tuple[int, int] = (0, 0)
+) -> str | None:
+    """Why `training.precision: fp8` cannot run here (no CUDA device, or `device` has no FP8 matmuls), else None."""
+    needs = "training.precision: fp8 needs FP8 matmuls (compute capability 8.9 or newer: Ada, Hopper, Blackwell)"
     if not cuda_available:
-        return (
-            "training.precision: fp8 needs FP8 matmuls (compute capability 8.9 or newer: Ada, Hopper, Blackwell); "
-            "this machine has no CUDA device"
-        )
+        return f"{needs}; this machine has no CUDA device"
     if capability < FP8_MIN_CAPABILITY:
-        return (
-            "training.precision: fp8 needs FP8 matmuls (compute capability 8.9 or newer: Ada, Hopper, Blackwell); "
-            f"cuda:0 is {name} ({capability[0]}.{capability[1]})"
-        )
+        return f"{needs}; {device} is {name} ({capability[0]}.{capability[1]})"
     return None
 
 
 def fp8_config_problem(*, zero_stage: int) -> str | None:
-    """Why an fp8 run cannot start here: ZeRO-3 (which the API refuses too, for a trainer.json written by hand),
-    or `fp8_problem` for this process's CUDA device (cuda:0 as the process sees it); None when it can."""
+    """Why an fp8 run cannot start here, else None: ZeRO-3 (which the API refuses too, for a trainer.json written by
+    hand), or `fp8_problem` for this process's GPU. That is the one its local rank will use: asking about it
+    touches no other GPU (every rank asking about cuda:0 could leave a CUDA context on it)."""
     if zero_stage == 3:
         return "training.precision: fp8 needs ZeRO stage 0, 1 or 2 (ZeRO-3 shards the base weights fp8 replaces)"
     if not torch.cuda.is_available():
         return fp8_problem(cuda_available=False)
-    major, minor = torch.cuda.get_device_capability(0)
-    return fp8_problem(cuda_available=True, name=torch.cuda.get_device_name(0), capability=(major, minor))
+    index = int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
+    major, minor = torch.cuda.get_device_capability(index)
+    return fp8_problem(
+        cuda_available=True, device=f"cuda:{index}", name=torch.cuda.get_device_name(index), capability=(major, minor)
+    )
