@@ -7,6 +7,8 @@ trip of the data below measures 1.5% relative Frobenius error, and a matmul of t
 fails what a wrong scale (72%) or a transposed weight (over 400%) gives, which is checked too.
 """
 
+from pathlib import Path
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -15,8 +17,12 @@ transformers = pytest.importorskip("transformers")
 
 from torch import nn  # noqa: E402
 
+from finetune_api import constants  # noqa: E402
+from finetune_api.constants import EXIT_INVALID_CONFIG  # noqa: E402
+from finetune_api.termination import TerminationRecord  # noqa: E402
 from finetune_trainer import fp8  # noqa: E402
 from finetune_trainer.fp8 import Float8FrozenLinear, apply_fp8, quantize_rows  # noqa: E402
+from tests.trainer.launching import write_config  # noqa: E402
 
 ERROR_BOUND = 0.05
 A100 = ("NVIDIA A100-SXM4-80GB", (8, 0))
@@ -238,3 +244,25 @@ def test_the_trainer_refuses_fp8_here_before_loading_anything() -> None:
     if torch.cuda.is_available():
         pytest.skip("a CUDA machine: the no-device refusal does not apply")
     assert fp8.fp8_config_problem(zero_stage=0) == fp8.fp8_problem(cuda_available=False)
+
+
+def test_the_trainer_exits_64_with_the_reason_before_loading_the_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The whole trainer on this machine (no CUDA in CI): exit 64 and a termination record the operator shows,
+    before the built-in model is even resolved (an unresolvable model name proves it is never loaded)."""
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA machine: the no-device refusal does not apply")
+    from finetune_trainer.__main__ import main
+
+    monkeypatch.setenv(constants.ENV_EXIT_FILE, str(tmp_path / "exit.json"))
+    config = write_config(
+        tmp_path,
+        model={"name": "builtin:no-such-model"},
+        training={"precision": "fp8", "mixedPrecision": "bf16"},
+        strategy={"zeroStage": 0, "dtype": "bfloat16"},
+    )
+    assert main(["--config", str(config)]) == EXIT_INVALID_CONFIG
+    record = TerminationRecord.model_validate_json((tmp_path / "exit.json").read_text())
+    assert record.exit_code == EXIT_INVALID_CONFIG and record.reason == "InvalidConfigError"
+    assert record.message == fp8.fp8_problem(cuda_available=False)
