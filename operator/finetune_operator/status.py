@@ -423,11 +423,11 @@ def only_details_changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool
 def only_starting(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
     """A new job's first status that says no more than "Pending: attempt created, pods on their way" (its
     `Created` condition, and at most a `PodsHealthy` that says all is well). Such a status may wait a
-    moment like a detail: in a burst the job's pods are often Running within the second, and then one
-    status write (Running) and one event (AllNodesReady) replace two of each: a FineTuneJob status patch
-    costs the API server more CPU than creating a ConfigMap (validation and field management over the
-    whole object). A first status that says anything else (waiting for admission, a pod problem, a
-    failure) is news and is written at once."""
+    moment, like a detail: the job's pods are often Running a moment later, and then one status write
+    (Running) and one event (AllNodesReady) replace two of each; a FineTuneJob status patch costs the API
+    server about four times a ConfigMap create (decoding, validation and field management over the whole
+    object). A first status that says anything else (waiting for admission, a pod problem, a failure) is
+    news and is written at once."""
     if old.get("phase") or new.get("phase") != "Pending":
         return False
     conditions = [
@@ -437,9 +437,3 @@ def only_starting(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
     ]
     return conditions == [("Created", "True")]
 
-
-def may_wait(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
-    """Whether the change from the written status `old` to `new` may wait for the next batched write (a
-    second at most): only details moved (`only_details_changed`), or it is a new job's first status that
-    only says it is starting (`only_starting`)."""
-    return only_details_changed(old, new) or only_starting(old, new)

@@ -33,8 +33,9 @@ from finetune_operator.status import (
     Transition,
     child_conflict,
     field_conflict_message,
-    may_wait,
     name_conflict_message,
+    only_details_changed,
+    only_starting,
 )
 
 log = logging.getLogger(__name__)
@@ -42,9 +43,12 @@ log = logging.getLogger(__name__)
 PROGRESS_KEYS = frozenset({"progress", "output"})
 RESYNC_JITTER = 0.1
 # A change of only the ready count or messages waits a second, and is written at most once a second per job
-# (`only_details_changed`): a burst's "1/2 ready" then goes out with the "Running" that follows it. A new
-# job's first "Pending, pods starting" waits the same second (`only_starting`), with its event.
+# (`only_details_changed`): a burst's "1/2 ready" then goes out with the "Running" that follows it.
 STATUS_BATCH_SECONDS = 1.0
+# A new job's first status, "Pending, pods starting" (`only_starting`), waits up to two seconds with its event:
+# an attempt's pods are created, scheduled and started in about one on an idle cluster and in one to three in
+# a burst, and a Running that comes meanwhile is then the job's first status write and only event.
+STARTING_STATUS_SECONDS = 2.0
 FAILURE_REASONS = frozenset(
     {"InvalidSpec", "PermanentError", "BackoffLimitExceeded", "DeadlineExceeded", "NameConflict", "FieldConflict"}
 )
@@ -227,9 +231,10 @@ async def _undo(state: OperatorState, created: list[Created]) -> None:
 async def _write_status(state: OperatorState, body: dict[str, Any], job: FineTuneJob, actions: Actions) -> None:
     """Patch only what changed (and never progress/output), then post one event per transition.
 
-    A change that may wait (`status.may_wait`) is left to a wake-up within `STATUS_BATCH_SECONDS`, or to an
-    earlier round with news; its transitions wait with it: they are taken against the written status, so
-    the round that writes announces them (or the ones that replaced them: Running instead of PodsStarting).
+    A change that may wait (details: `STATUS_BATCH_SECONDS`; a new job's first status: `STARTING_STATUS_SECONDS`)
+    is left to a wake-up, or to an earlier round with news; its transitions wait with it: they are taken against
+    the written status, so the round that writes announces them (or the ones that replaced them: AllNodesReady
+    instead of PodsStarting).
     """
     new = {k: v for k, v in actions.status.to_dict(exclude_none=True).items() if k not in PROGRESS_KEYS}
     old = body.get("status") or {}
@@ -238,10 +243,18 @@ async def _write_status(state: OperatorState, body: dict[str, Any], job: FineTun
     key = (job.namespace, job.name)
     now = time.monotonic()
     transitions = actions.transitions
-    if delta and may_wait(old, {**old, **delta}):
+    after = {**old, **delta}
+    batch = (
+        STATUS_BATCH_SECONDS
+        if only_details_changed(old, after)
+        else STARTING_STATUS_SECONDS
+        if only_starting(old, after)
+        else 0.0
+    )
+    if delta and batch:
         since_write = now - state.status_written.get(key, -math.inf)
         since_seen = now - state.details_seen.setdefault(key, now)
-        wait = STATUS_BATCH_SECONDS - min(since_write, since_seen)
+        wait = batch - min(since_write, since_seen)
         if wait > 0:  # written by this wake-up, or sooner with news (a phase change) from another round
             state.wakeups.schedule(key, wait)
             delta, transitions = {}, []
