@@ -3,13 +3,16 @@ crash (or a failed apply) in between never leaves a Job whose pods lack their co
 full-size SIGKILL storm: a job Succeeded on KWOK with its Job but no ConfigMap or Service)."""
 
 import asyncio
+import json
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from finetune_operator.handlers.indexes import owned_job
 from finetune_operator.handlers.kube import Created
 from finetune_operator.handlers.reconciling import _apply
+from finetune_operator.runtime import ChildTriggers
 
 
 class FakeKube:
@@ -25,7 +28,15 @@ class FakeKube:
             if self.fail_apply:
                 raise ConnectionResetError("operator killed / connection dropped")
             self.calls.append(f"apply {obj['kind']}")
-        return Created(obj["kind"], "ns", obj["metadata"]["name"], b"{}")
+        answer = {**obj, "metadata": {**obj["metadata"], "uid": f"u-{obj['metadata']['name']}"}}  # the object as made
+        return Created(obj["kind"], "ns", obj["metadata"]["name"], json.dumps(answer).encode())
+
+
+DEMO: Any = SimpleNamespace(namespace="ns", name="demo")
+
+
+def _state(kube: Any) -> Any:
+    return SimpleNamespace(kube=kube, children=ChildTriggers())
 
 
 def _actions() -> Any:
@@ -44,7 +55,7 @@ def _actions() -> Any:
 
 def test_the_job_is_created_after_its_configmap_and_service() -> None:
     kube = FakeKube()
-    asyncio.run(_apply(SimpleNamespace(kube=kube), SimpleNamespace(namespace="ns", name="demo"), _actions(), []))
+    asyncio.run(_apply(_state(kube), DEMO, _actions(), []))
     assert kube.calls[-1] == "create demo-1"
     assert sorted(kube.calls[:2]) == ["apply ConfigMap", "apply Service"]
 
@@ -52,5 +63,17 @@ def test_the_job_is_created_after_its_configmap_and_service() -> None:
 def test_no_job_is_created_when_an_apply_fails() -> None:
     kube = FakeKube(fail_apply=True)
     with pytest.raises(ConnectionResetError):
-        asyncio.run(_apply(SimpleNamespace(kube=kube), SimpleNamespace(namespace="ns", name="demo"), _actions(), []))
+        asyncio.run(_apply(_state(kube), DEMO, _actions(), []))
     assert kube.calls == []
+
+
+def test_the_first_event_of_the_job_a_round_created_is_no_news() -> None:
+    kube = FakeKube()
+    state = _state(kube)
+    asyncio.run(_apply(state, DEMO, _actions(), []))
+    made = {"kind": "Job", "metadata": {"name": "demo-1", "uid": "u-demo-1"}}  # as the create answered
+    assert not state.children.changed("u-demo-1", owned_job(made))  # this round's status already counts it
+    condition = {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}
+    failed = {**made, "status": {"conditions": [condition]}}
+    assert state.children.changed("u-demo-1", owned_job(failed))  # a change after the create still is
+    assert state.children.changed("u-demo-1-x", owned_job({**made, "metadata": {"name": "x", "uid": "u-demo-1-x"}}))

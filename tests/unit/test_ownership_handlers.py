@@ -13,7 +13,7 @@ from finetune_operator.handlers.kube import Created, Existing, FieldConflictErro
 from finetune_operator.handlers.reconciling import ChildConflictError, _apply, _undo
 from finetune_operator.reconcile import Actions, reconcile
 from finetune_operator.render import RenderOptions
-from finetune_operator.runtime import RetryLaterError
+from finetune_operator.runtime import ChildTriggers, RetryLaterError
 from finetune_operator.status import AttemptObserved, Observed
 from tests.unit.test_ownership import NOW, ftj, ref
 
@@ -31,9 +31,8 @@ class RecordingKube:
         self.calls.append(("create", name))
         if name in self.taken:
             return Existing(obj["kind"], name, self.taken[name])
-        return Created(
-            obj["kind"], obj["metadata"]["namespace"], name, json.dumps({"metadata": {"uid": f"u-{name}"}}).encode()
-        )
+        answer = {**obj, "metadata": {**obj["metadata"], "uid": f"u-{name}"}}  # the object as created
+        return Created(obj["kind"], obj["metadata"]["namespace"], name, json.dumps(answer).encode())
 
     async def apply(self, obj: dict[str, Any]) -> None:
         self.calls.append(("apply", obj["metadata"]["name"], obj["metadata"]["uid"]))
@@ -54,14 +53,14 @@ def new_job_actions() -> Actions:
 def run(kube: RecordingKube, actions: Actions) -> list[Created]:
     """A round's apply that succeeds: what it created."""
     created: list[Created] = []
-    asyncio.run(_apply(SimpleNamespace(kube=kube), JOB, actions, created))
+    asyncio.run(_apply(SimpleNamespace(kube=kube, children=ChildTriggers()), JOB, actions, created))
     return created
 
 
 def apply_and_roll_back(kube: RecordingKube, actions: Actions) -> Exception:
     """What `_reconcile_once` does: apply, and on a conflict undo what was created."""
     created: list[Created] = []
-    state = SimpleNamespace(kube=kube)
+    state = SimpleNamespace(kube=kube, children=ChildTriggers())
     with pytest.raises((ChildConflictError, RetryLaterError)) as raised:
         asyncio.run(_apply(state, JOB, actions, created))
     if isinstance(raised.value, ChildConflictError):

@@ -65,7 +65,13 @@ class Created:
 
     @property
     def uid(self) -> str:
-        return str(json.loads(self.answer)["metadata"]["uid"])
+        return str(self.body["metadata"]["uid"])
+
+    @property
+    def body(self) -> dict[str, Any]:
+        """The object as created (the answer decoded): what its first watch event will show."""
+        body: dict[str, Any] = json.loads(self.answer)
+        return body
 
 
 @dataclass(frozen=True)

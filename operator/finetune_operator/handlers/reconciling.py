@@ -23,7 +23,7 @@ from finetune_api.v1alpha1.errors import InvalidSpecError
 from finetune_api.v1alpha1.resource import FineTuneJob
 from finetune_api.v1alpha1.status import TERMINAL_PHASES, FineTuneJobStatus
 from finetune_operator import metrics
-from finetune_operator.handlers.indexes import observe
+from finetune_operator.handlers.indexes import observe, owned_job
 from finetune_operator.handlers.kube import Created, Existing, FieldConflictError, RejectedError
 from finetune_operator.handlers.state import OperatorState
 from finetune_operator.reconcile import Actions, claim, holder, namesake_wait, reconcile
@@ -167,6 +167,7 @@ async def _apply(state: OperatorState, job: FineTuneJob, actions: Actions, creat
     for obj in actions.create:
         if await _ensure(state, job, obj, created):
             log.info("[%s/%s] created Job %s", job.namespace, job.name, obj["metadata"]["name"])
+            _expect(state, created[-1])
             if actions.status.attempt == 1:
                 metrics.JOBS_CREATED.labels(job.namespace).inc()
     for name in actions.delete_jobs:
@@ -175,6 +176,16 @@ async def _apply(state: OperatorState, job: FineTuneJob, actions: Actions, creat
     for name, suspend in actions.suspend_jobs.items():
         log.info("[%s/%s] %s Job %s", job.namespace, job.name, "suspending" if suspend else "resuming", name)
         await state.kube.suspend_job(job.namespace, name, actions.job_uids[name], suspend)
+
+
+def _expect(state: OperatorState, job: Created) -> None:
+    """Note the attempt Job this round created as the change check (`runtime.ChildTriggers`) will see it in its
+    first watch event, the create's answer: that event is then no news, since this round's status already
+    counts the Job (`reconcile` computes the status of the cluster after the round). One round fewer per new
+    attempt; a Job that changed before its event arrived still triggers one, as does its first event when it
+    comes before this call (the check saw the uid first)."""
+    body = job.body
+    state.children.changed(str(body["metadata"]["uid"]), owned_job(body))
 
 
 async def _ensure(state: OperatorState, job: FineTuneJob, obj: dict[str, Any], created: list[Created]) -> bool:
