@@ -1,9 +1,15 @@
 """What the operator keeps per job between events: the change checks (`Triggers`, `ChildTriggers`) and the newest
 body (`Bodies`)."""
 
+import asyncio
 from typing import Any
 
+import kopf
+import pytest
+
+from finetune_operator.handlers import jobs
 from finetune_operator.handlers.indexes import owned_job, owned_pod, pod_trigger
+from finetune_operator.handlers.state import OperatorConfig, OperatorState
 from finetune_operator.runtime import Bodies, ChildTriggers, Triggers
 
 
@@ -98,3 +104,34 @@ def test_a_pod_bound_to_a_node_is_no_news_but_leaving_a_scheduler_problem_is() -
     assert children.changed("p1", pod_trigger(owned_pod(_waiting_pod(None, unschedulable))))
     scheduled = [{"type": "PodScheduled", "status": "True"}]
     assert children.changed("p1", pod_trigger(owned_pod(_waiting_pod("n1", scheduled))))  # its problem is gone
+
+
+def test_a_new_pod_that_only_waits_is_no_round_and_its_next_change_is(monkeypatch: pytest.MonkeyPatch) -> None:
+    state = OperatorState(config=OperatorConfig(image="t"), kube=None)  # type: ignore[arg-type]
+    rounds: list[tuple[str, str]] = []
+
+    async def reconcile_job(_state: Any, key: tuple[str, str], **_: Any) -> None:
+        rounds.append(key)
+
+    monkeypatch.setattr(jobs, "reconcile_job", reconcile_job)
+    indexes = {name: {} for name in ("ftj_jobs", "ftj_pods", "ftj_configmaps", "ftj_services")}
+
+    def event(body: dict[str, Any], type: str = "MODIFIED") -> None:
+        body["metadata"]["labels"] = {"finetune.dev/job-name": "a"}
+        asyncio.run(jobs.trainer_pod_event(type, kopf.Body(body), kopf.Memo(state=state), **indexes))
+
+    event(_waiting_pod(None), "ADDED")
+    assert rounds == []  # created, waiting for a node: the Job's round already expects it
+    event(_waiting_pod("n1"))
+    assert rounds == []  # bound
+    event(_waiting_pod("n1") | {"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}})
+    assert rounds == [("ns", "a")]  # running: news
+    unschedulable = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/4 nodes"}]
+    stuck = _waiting_pod(None, unschedulable)
+    stuck["metadata"]["uid"] = "p2"
+    event(stuck, "ADDED")
+    assert rounds == [("ns", "a")] * 2  # a new pod with a problem is news at once
+    gone = _waiting_pod(None)
+    gone["metadata"]["uid"] = "p3"
+    event(gone, "DELETED")
+    assert len(rounds) == 3  # a deleted pod always is

@@ -144,6 +144,16 @@ def pod_trigger(owned: Owned) -> Owned:
     return replace(owned, value=replace(value, node=None))
 
 
+def waiting_arrival(owned: Owned) -> bool:
+    """A trainer pod as it is first seen in the normal course: Pending, on no node yet, no problem, not
+    going. Such a pod is no news for a round either: the Job that made it was (its round wrote, or left to
+    a wake-up, the status that expects pods), and a round now would only note that the pod exists (a
+    `PodsHealthy` that says all is well, a detail that waits anyway). Its next change (bound with a
+    problem gone, running, failed) is news as usual. In a burst that is one round fewer per pod."""
+    value: PodObserved = owned.value
+    return value.phase == "Pending" and value.node is None and value.problem is None and not value.deleting
+
+
 @kopf.index("batch", "v1", "jobs", labels=CHILD_LABELS)
 async def ftj_jobs(body: kopf.Body, **_: Any) -> dict[Key, Owned]:
     """Attempt Jobs by owning FineTuneJob."""

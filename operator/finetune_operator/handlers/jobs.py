@@ -19,7 +19,15 @@ import kopf
 
 from finetune_api import constants
 from finetune_operator import metrics
-from finetune_operator.handlers.indexes import CHILD_LABELS, Owned, key_of, owned_job, owned_pod, pod_trigger
+from finetune_operator.handlers.indexes import (
+    CHILD_LABELS,
+    Owned,
+    key_of,
+    owned_job,
+    owned_pod,
+    pod_trigger,
+    waiting_arrival,
+)
 from finetune_operator.handlers.reconciling import capture_indexes, reconcile_job
 from finetune_operator.handlers.state import OperatorState
 from finetune_operator.runtime import ChildTriggers, Triggers
@@ -72,11 +80,13 @@ async def attempt_job_event(type: str | None, body: kopf.Body, memo: kopf.Memo, 
 @kopf.on.event("", "v1", "pods", labels=CHILD_LABELS, id="trainer_pod_event")
 async def trainer_pod_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
     """A trainer pod changed (ready, failed, evicted, or a scheduler or kubelet problem): reconcile its job; being
-    bound to a node alone is no news (`pod_trigger`). A pod that goes also loses its place in the progress
-    endpoint's cache of accepted tokens."""
+    bound to a node alone is no news (`pod_trigger`), nor is a new pod that only waits (`waiting_arrival`). A pod
+    that goes also loses its place in the progress endpoint's cache of accepted tokens."""
     state = _state(memo)
     capture_indexes(state, kwargs)
     if state.progress_auth is not None and (type == "DELETED" or body.meta.get("deletionTimestamp")):
         state.progress_auth.forget_pod(str(body.meta.uid))
-    if _news(state.children, type, pod_trigger(owned_pod(body))):
+    owned = owned_pod(body)
+    arrival = type != "DELETED" and not state.children.knows(owned.uid) and waiting_arrival(owned)
+    if _news(state.children, type, pod_trigger(owned)) and not arrival:
         await reconcile_job(state, key_of(body.meta))

@@ -52,6 +52,10 @@ class ChildTriggers:
 
     seen: dict[str, object] = field(default_factory=dict)
 
+    def knows(self, uid: str) -> bool:
+        """Whether this process has seen the child before (and not forgotten it)."""
+        return uid in self.seen
+
     def changed(self, uid: str, summary: object) -> bool:
         """True (and remembered) when the child is new to this process or its summary differs from the last."""
         if uid in self.seen and self.seen[uid] == summary:
