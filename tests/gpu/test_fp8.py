@@ -54,7 +54,7 @@ def test_leading_dimensions_and_a_wrong_scale_on_cuda() -> None:
     x = _with_outliers(4, 2047, 4096, seed=4).to(torch.bfloat16)
     want = x.double() @ linear.weight.double().t()
     assert _rel(layer(x), want) < ERROR_BOUND
-    layer.s_fwd.copy_(layer.s_fwd.roll(1))
+    layer.s_fwd[::2] *= 2  # every other output row's scale wrong by 2x: the check must see it
     assert _rel(layer(x), want) > 4 * ERROR_BOUND
 
 
@@ -67,6 +67,11 @@ def test_compiled_with_inductor_it_matches_eager() -> None:
     xe, xc = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
     eager, fused = layer(xe), compiled(xc)
     assert _rel(fused, eager.double()) < 1e-2
-    eager.sum().backward()
+    eager.sum().backward()  # a broadcast (stride-0) gradient
     fused.sum().backward()
+    assert xe.grad is not None and xc.grad is not None and _rel(xc.grad, xe.grad.double()) < 1e-2
+    dy = _with_outliers(2, 1024, 14336, seed=6).to(torch.bfloat16)  # an ordinary one
+    xe.grad = xc.grad = None
+    layer(xe).backward(dy)
+    compiled(xc).backward(dy)
     assert xe.grad is not None and xc.grad is not None and _rel(xc.grad, xe.grad.double()) < 1e-2

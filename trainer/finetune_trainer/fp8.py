@@ -19,9 +19,10 @@ row-wise scaling cannot express. Two bytes per weight in all: what bf16 took, so
 Activations (x forward, dY backward) are quantized per row (per token) on the fly. The bf16 weight is freed.
 
 The copies are buffers that are not persistent (the model's state_dict and the adapter checkpoint do not change:
-the adapter is all that is saved) and are stored as raw bits (uint8 for e4m3, int32 for the fp32 scales): a
-whole-module cast such as DeepSpeed's `module.bfloat16()` converts every floating-point buffer, and e4m3 counts as
-floating point; integer buffers are left alone. DDP would broadcast every buffer from rank 0 before each forward
+the adapter is all that is saved). A whole-module cast such as DeepSpeed's `module.bfloat16()` converts every
+floating-point buffer, and e4m3 counts as floating point: `Float8FrozenLinear._apply` lets such calls move the
+copies between devices but keeps their dtypes (rather than storing raw bits as integers, which would put dtype
+bitcasts into every compiled graph). DDP would broadcast every buffer from rank 0 before each forward
 (`broadcast_buffers`), 2 bytes per base weight each step; `apply_fp8` names them in the model's
 `_ddp_params_and_buffers_to_ignore` (every rank computes the same copies from the same weights).
 
@@ -53,6 +54,8 @@ AMAX_FLOOR = 1e-12
 """The smallest amax a scale is computed from, so an all-zero row quantizes to zeros instead of NaN."""
 ROW_MULTIPLE = 16
 """`torch._scaled_mm` takes operands whose dimensions are multiples of 16; rows are padded up to it."""
+FP8_BUFFERS = ("w_fwd", "s_fwd", "w_bwd", "s_bwd")
+"""The buffers of a `Float8FrozenLinear`: the two e4m3 copies of the weight and their fp32 row scales."""
 FP8_MIN_CAPABILITY = (8, 9)
 """CUDA compute capability of the first GPUs with FP8 tensor cores (Ada; Hopper is 9.0, Blackwell 10.0)."""
 
@@ -68,6 +71,7 @@ def scaled_matmul(a: Tensor, w: Tensor, w_scale: Tensor) -> Tensor:
     """`a` [M, K] (bf16 or fp32) times `w`^T in FP8, in bf16: `w` [N, K] e4m3, row-major, with `w_scale` [N] fp32.
 
     `a` is quantized per row; M is padded to a multiple of 16 for `_scaled_mm` and the padding dropped after."""
+    a = a.contiguous()  # `_scaled_mm` wants row-major rows; a gradient can arrive broadcast (stride 0)
     m = a.shape[0]
     pad = -m % ROW_MULTIPLE
     if pad:
@@ -114,12 +118,22 @@ class Float8FrozenLinear(nn.Module):
     def __init__(self, w_fwd: Tensor, s_fwd: Tensor, w_bwd: Tensor, s_bwd: Tensor, bias: Tensor | None) -> None:
         super().__init__()
         self.out_features, self.in_features = w_fwd.shape
-        # Raw bits: whole-module float casts (`module.bfloat16()`) leave integer buffers alone.
-        self.register_buffer("w_fwd", w_fwd.view(torch.uint8), persistent=False)
-        self.register_buffer("s_fwd", s_fwd.float().view(torch.int32), persistent=False)
-        self.register_buffer("w_bwd", w_bwd.view(torch.uint8), persistent=False)
-        self.register_buffer("s_bwd", s_bwd.float().view(torch.int32), persistent=False)
+        self.register_buffer("w_fwd", w_fwd, persistent=False)
+        self.register_buffer("s_fwd", s_fwd.float(), persistent=False)
+        self.register_buffer("w_bwd", w_bwd, persistent=False)
+        self.register_buffer("s_bwd", s_bwd.float(), persistent=False)
         self.bias = nn.Parameter(bias.detach(), requires_grad=False) if bias is not None else None
+
+    def _apply(self, fn: Any, recurse: bool = True) -> Float8FrozenLinear:
+        """Whole-module conversions (`module.to(device)`, DeepSpeed's `module.bfloat16()`) move the FP8 copies and
+        their scales but never cast them: a bf16 "copy" of an e4m3 weight would be neither."""
+        kept = {name: getattr(self, name) for name in FP8_BUFFERS}
+        super()._apply(fn, recurse)  # type: ignore[no-untyped-call]
+        for name, before in kept.items():
+            after = getattr(self, name)
+            if after.dtype != before.dtype:
+                setattr(self, name, before.to(after.device))
+        return self
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, device: torch.device | None = None) -> Float8FrozenLinear:
@@ -132,13 +146,7 @@ class Float8FrozenLinear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         lead = x.shape[:-1]
-        y = _Float8Matmul.apply(
-            x.reshape(-1, self.in_features),
-            self.w_fwd.view(E4M3),
-            self.s_fwd.view(torch.float32),
-            self.w_bwd.view(E4M3),
-            self.s_bwd.view(torch.float32),
-        )
+        y = _Float8Matmul.apply(x.reshape(-1, self.in_features), self.w_fwd, self.s_fwd, self.w_bwd, self.s_bwd)
         out: Tensor = y.reshape(*lead, self.out_features)
         return out + self.bias if self.bias is not None else out
 
@@ -179,8 +187,7 @@ def apply_fp8(model: nn.Module, device: torch.device | None = None) -> int:
                 child.weight = None  # type: ignore[assignment]  # free the bf16 weight now, not at the end
                 replaced.append(f"{names[id(parent)]}.{child_name}")
     ignored = list(getattr(model, "_ddp_params_and_buffers_to_ignore", []))
-    buffers = ("w_fwd", "s_fwd", "w_bwd", "s_bwd")
-    model._ddp_params_and_buffers_to_ignore = ignored + [f"{n}.{b}" for n in replaced for b in buffers]  # type: ignore[assignment]
+    model._ddp_params_and_buffers_to_ignore = ignored + [f"{n}.{b}" for n in replaced for b in FP8_BUFFERS]  # type: ignore[assignment]
     log.info("fp8: %d linear layers of the frozen base in FP8 (e4m3, row-wise scales)", len(replaced))
     return len(replaced)
 
