@@ -307,3 +307,26 @@ def test_compiled_layers_with_varlen_attention_have_no_graph_break():
         got.backward()
         assert abs(float(got) - float(want)) < 2e-2 * abs(float(want))
     assert not counters["graph_break"], dict(counters["graph_break"])
+    # the token count is dynamic from the first compile; at most one recompile (the documents' longest length, an
+    # int, seen to change) for three batches of different token and document counts
+    assert counters["stats"]["unique_graphs"] <= 2, dict(counters["stats"])
+
+
+def test_compiled_layers_take_a_new_token_count_without_recompiling():
+    """`speed.mark_tokens_dynamic`: the first compile is general in the token count, so a batch of another length
+    (packed documents of varying length) reuses it instead of recompiling every layer late in a run."""
+    from torch._dynamo.utils import counters
+
+    model = _tiny_llama_layers(2)
+    eager = _tiny_llama_layers(2)
+    torch._dynamo.reset()
+    counters.clear()
+    assert speed.compile_layers(model, backend="eager") == 2
+    g = torch.Generator().manual_seed(11)
+    for tokens in (24, 40, 17, 64):
+        ids = torch.randint(0, 97, (1, tokens), generator=g)
+        got = model(input_ids=ids, labels=ids, use_cache=False).loss
+        assert torch.allclose(got, eager(input_ids=ids, labels=ids, use_cache=False).loss)
+        got.backward()
+    assert counters["stats"]["unique_graphs"] == 1  # one graph, shared by both layers and all four lengths
+    assert not counters["graph_break"]

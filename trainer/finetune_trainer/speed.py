@@ -279,12 +279,45 @@ def apply_liger(model: Any) -> bool:
 COMPILE_DYNAMIC: bool | None = None
 """`dynamic` for torch.compile of the decoder layers: None is PyTorch's automatic dynamic shapes (the first shape
 compiled static, a dimension seen to change recompiled once as dynamic); True makes every dimension dynamic from
-the first step. Packed batches of varying-length documents change the token count and the number of documents
-every step (bench/README.md, "Recompiles")."""
+the first step (a first compile five times as long, bench/README.md "Recompiles"). With None, the token count is
+marked dynamic from the first step anyway (`mark_tokens_dynamic`)."""
 
 
-def compile_layers(model: Any, dynamic: bool | None = None) -> int:
-    """torch.compile every decoder layer (the embedding and TRL's LM head stay eager); returns how many."""
+def mark_tokens_dynamic(layer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Forward pre-hook of a compiled decoder layer: mark the token dimension of every input dynamic before dynamo
+    sees it (`torch._dynamo.maybe_mark_dynamic`: a hint, never an error), and the document boundaries' length.
+
+    Packed batches of documents of varying length change the token count; with automatic dynamic shapes the first
+    compile is specialised to the first count and the first batch with another one recompiles every layer, which
+    can happen hundreds of steps in (bench run 15: step 19, 23 s, when the first batch under 8,192 tokens came).
+    Marked here, the first compile is already general in the token count. The hidden states are [batch, tokens,
+    hidden]; position embeddings, position ids and sequence indices carry the same token dimension."""
+    import torch
+
+    hidden = args[0] if args else kwargs.get("hidden_states")
+    if hidden is None or hidden.dim() != 3:
+        return
+    tokens = hidden.shape[1]
+    pending: list[Any] = [*args, *kwargs.values()]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, tuple | list):
+            pending.extend(item)
+        elif isinstance(item, torch.Tensor):
+            for dim, size in enumerate(item.shape):
+                if size == tokens and size > 1:
+                    torch._dynamo.maybe_mark_dynamic(item, dim)
+    for key in ("cu_seq_lens_q", "cu_seq_lens_k"):
+        cu = kwargs.get(key)
+        if isinstance(cu, torch.Tensor) and cu.dim() == 1 and cu.numel() > 2:
+            torch._dynamo.maybe_mark_dynamic(cu, 0)
+
+
+def compile_layers(model: Any, dynamic: bool | None = None, backend: str = "inductor") -> int:
+    """torch.compile every decoder layer's `forward` (the embedding and TRL's LM head stay eager), with
+    `mark_tokens_dynamic` as a pre-hook outside the compiled code; returns how many layers."""
+    import torch
+
     layers = None
     for path in ("model.layers", "model.model.layers", "base_model.model.model.layers"):
         obj = model
@@ -299,7 +332,9 @@ def compile_layers(model: Any, dynamic: bool | None = None) -> int:
         log.warning("speed: no decoder layers found to compile")
         return 0
     for layer in layers:
-        layer.compile(dynamic=COMPILE_DYNAMIC if dynamic is None else dynamic)
+        dynamic_shapes = COMPILE_DYNAMIC if dynamic is None else dynamic
+        layer.forward = torch.compile(layer.forward, dynamic=dynamic_shapes, backend=backend)
+        layer.register_forward_pre_hook(mark_tokens_dynamic, with_kwargs=True)
     return len(layers)
 
 
@@ -364,10 +399,8 @@ def apply_to_model(model: Any, levers: set[str], *, cuda: bool, packing: bool, q
 PACKED_PAD_MULTIPLE = 64
 """With compiled decoder layers, packed batches are padded to a multiple of this many tokens (TRL's collator:
 `pad_to_multiple_of`; each pad token is a one-token document with label -100, so the loss and what is trained do
-not change). Documents of varying length give a new token count every step; compiled kernels are specialised on
-properties of the sizes they see (divisibility, for aligned loads), so a count never seen before can cost a
-recompile late in a run. Padding leaves at most 2048 / 64 = 32 distinct counts per 4 x 2048-token step, all
-aligned, for at most 63 wasted tokens (< 1% of 8,192)."""
+not change). Every matmul then sees a row count that is a multiple of 64: whole tensor-core tiles, and no per-layer
+padding copy for FP8's `_scaled_mm` (which takes multiples of 16). At most 63 wasted tokens (< 1% of 8,192)."""
 
 
 def pad_to_multiple_of(levers: set[str], *, packing: bool) -> int | None:
