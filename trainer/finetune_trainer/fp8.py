@@ -67,6 +67,24 @@ def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
     return (xf / scale).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3), scale
 
 
+@torch.library.custom_op("finetune_trainer::fp8_matmul", mutates_args=())
+def fp8_matmul(aq: Tensor, a_scale: Tensor, w: Tensor, w_scale: Tensor) -> Tensor:
+    """`aq` [M, K] e4m3 with `a_scale` [M, 1] times `w`^T ([N, K] e4m3, row-major, `w_scale` [N]) -> [M, N] bf16.
+
+    An operator opaque to torch.compile, so that `_scaled_mm` gets its operands as laid out here (`w^T` a
+    column-major view of the row-major copy). Traced as a plain `_scaled_mm` inside the autograd.Function, the
+    input gradient came out as zeros on CUDA under torch.compile (inductor and aot_eager alike; torch 2.11), with
+    any gradient, while eager was right. The quantization around it stays traced, so inductor still fuses it."""
+    return torch._scaled_mm(
+        aq.contiguous(), w.t(), scale_a=a_scale.contiguous(), scale_b=w_scale.view(1, -1), out_dtype=torch.bfloat16
+    )
+
+
+@fp8_matmul.register_fake
+def _fp8_matmul_shape(aq: Tensor, a_scale: Tensor, w: Tensor, w_scale: Tensor) -> Tensor:
+    return aq.new_empty((aq.shape[0], w.shape[0]), dtype=torch.bfloat16)
+
+
 def scaled_matmul(a: Tensor, w: Tensor, w_scale: Tensor) -> Tensor:
     """`a` [M, K] (bf16 or fp32) times `w`^T in FP8, in bf16: `w` [N, K] e4m3, row-major, with `w_scale` [N] fp32.
 
@@ -77,7 +95,7 @@ def scaled_matmul(a: Tensor, w: Tensor, w_scale: Tensor) -> Tensor:
     if pad:
         a = torch.nn.functional.pad(a, (0, 0, 0, pad))
     aq, a_scale = quantize_rows(a)
-    out = torch._scaled_mm(aq, w.t(), scale_a=a_scale, scale_b=w_scale.view(1, -1), out_dtype=torch.bfloat16)
+    out: Tensor = fp8_matmul(aq, a_scale, w, w_scale)
     return out[:m] if pad else out
 
 
