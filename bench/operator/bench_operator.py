@@ -202,7 +202,9 @@ class Bench:
         }
 
     # --- operator ------------------------------------------------------------------------------
-    def start_operator(self, ns: str, log_path: Path) -> subprocess.Popen[bytes]:
+    def start_operator(self, ns: str, log_path: Path, checkout: Path | None = None) -> subprocess.Popen[bytes]:
+        """`ftjob operator` for one namespace; `checkout`: run another checkout's operator code (its api/,
+        operator/ and trainer/ first on PYTHONPATH, ahead of the virtualenv's editable install of this one)."""
         progress = free_port()
         live = free_port()
         self.metrics_port = free_port()
@@ -224,6 +226,8 @@ class Bench:
             *self.operator_flags,
         ]
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
+        if checkout is not None:
+            env["PYTHONPATH"] = os.pathsep.join(str(checkout / part) for part in ("operator", "api", "trainer"))
         proc = subprocess.Popen(args, env=env, stdout=log_path.open("ab"), stderr=subprocess.STDOUT)
         import urllib.request
 
@@ -501,9 +505,9 @@ class Bench:
         )
         return {"total": total, "excluding_noise": no_noise, "by_verb_resource": dict(by[:25])}
 
-    def burst_operator(self, n: int, workdir: Path, timeout: float) -> dict[str, Any]:
+    def burst_operator(self, n: int, workdir: Path, timeout: float, checkout: Path | None = None) -> dict[str, Any]:
         ns = self.namespace(f"burst-op-{n}-{uuid.uuid4().hex[:4]}")
-        op = self.start_operator(ns, workdir / f"operator-burst-{n}.log")
+        op = self.start_operator(ns, workdir / f"operator-burst-{n}.log", checkout)
         seen: dict[str, float] = {}
         jobs_seen: dict[str, float] = {}
         stop = threading.Event()
@@ -735,6 +739,13 @@ def main() -> int:
         help="extra flag for `ftjob operator`, e.g. --operator-flag=--max-concurrent-reconciles=4 (repeatable)",
     )
     ap.add_argument(
+        "--baseline-checkout",
+        type=Path,
+        default=None,
+        help="also run each burst with the operator code of this checkout (a git worktree of an older commit), "
+        "against the same floor, in alternating order: a paired before/after on a machine whose load drifts",
+    )
+    ap.add_argument(
         "--repeat",
         type=int,
         default=1,
@@ -783,7 +794,12 @@ def main() -> int:
             log(f"(b) burst {n} (run {run}/{args.repeat}): floor; load {os.getloadavg()}")
             floor = b.burst_floor(n, args.timeout)
             log(f"(b) burst {n}: floor {floor['create_to_all_pods_s']:.2f}s; operator")
+            base = None
+            if args.baseline_checkout is not None and run % 2 == 0:  # even runs: the baseline first
+                base = b.burst_operator(n, workdir, args.timeout, args.baseline_checkout)
             oper = b.burst_operator(n, workdir, args.timeout)
+            if args.baseline_checkout is not None and run % 2 == 1:
+                base = b.burst_operator(n, workdir, args.timeout, args.baseline_checkout)
             ratio = oper["create_to_all_pods_s"] / floor["create_to_all_pods_s"]
             req_op = oper["requests_to_pods"]["excluding_noise"]
             req_fl = floor["requests_to_pods"]["excluding_noise"]
@@ -799,6 +815,17 @@ def main() -> int:
                     "requests_per_job_attributable_to_operator": (req_op - req_fl) / n,
                 }
             )
+            if base is not None:
+                result["burst"][-1] |= {
+                    "baseline_checkout": str(args.baseline_checkout),
+                    "baseline_commit": subprocess.run(
+                        ["git", "-C", str(args.baseline_checkout), "rev-parse", "HEAD"], capture_output=True, text=True
+                    ).stdout.strip(),
+                    "operator_baseline": base,
+                    "ratio_baseline_over_floor": base["create_to_all_pods_s"] / floor["create_to_all_pods_s"],
+                }
+                base_ratio = result["burst"][-1]["ratio_baseline_over_floor"]
+                log(f"burst {n}: baseline operator {base['create_to_all_pods_s']:.2f}s (x{base_ratio:.2f})")
             save()
             log(
                 f"burst {n}: operator {oper['create_to_all_pods_s']:.2f}s vs floor "
