@@ -138,20 +138,22 @@ class Bench:
         raise RuntimeError(f"no default ServiceAccount in {name}")
 
     def delete_namespace(self, name: str, wait: float = 180) -> None:
-        """Delete a run's namespace and wait until its pods are gone (the deletion's work, and the nodes'
-        capacity), not for the namespace itself: once its content is deleted, the namespace controller's
-        retry backoff (exponential per namespace) can keep it Terminating for minutes with nothing left."""
+        """Delete a run's namespace and wait until its content is gone (pods, Jobs, endpoints, events: the
+        deletion's work must not overlap the next run), not for the namespace itself: once the content is
+        removed, the namespace controller's retry backoff (exponential per namespace) can keep it Terminating
+        for minutes with nothing left. Content gone = its `NamespaceContentRemaining` condition is False."""
         self.core.delete_namespace(name)
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
             try:
-                self.core.read_namespace(name)
+                ns = self.core.read_namespace(name)
             except Exception:
                 return
-            if not self.core.list_namespaced_pod(name, limit=1).items:
+            conditions = {c.type: c.status for c in (ns.status.conditions or [])}
+            if conditions.get("NamespaceContentRemaining") == "False":
                 return
             time.sleep(1)
-        log(f"namespace {name} still has pods after {wait:.0f}s")
+        log(f"namespace {name} still has content after {wait:.0f}s")
 
     def request_counts(self) -> Counter[tuple[str, str]]:
         """apiserver_request_total summed per (verb, resource)."""
