@@ -221,6 +221,21 @@ def test_apply_fp8_traces_in_torch_compile_without_graph_breaks() -> None:
     assert hidden.grad is not None and torch.isfinite(hidden.grad).all()
 
 
+def test_compiled_through_aot_autograd_it_gives_eagers_numbers() -> None:
+    """AOTAutograd traces the forward and the backward into graphs (what inductor compiles): the same output and
+    input gradient as eager, bit for bit, with the FP8 matmul kept as one opaque operator."""
+    layer = Float8FrozenLinear.from_linear(_frozen_linear(64, 48))
+    x = _with_outliers(2, 9, 64, seed=8).to(torch.bfloat16)
+    dy = _with_outliers(2, 9, 48, seed=9).to(torch.bfloat16)
+    xe, xc = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    torch._dynamo.reset()
+    eager, compiled = layer(xe), torch.compile(layer, backend="aot_eager", fullgraph=True)(xc)
+    eager.backward(dy)
+    compiled.backward(dy)
+    assert torch.equal(compiled, eager)
+    assert xe.grad is not None and xc.grad is not None and torch.equal(xc.grad, xe.grad) and xe.grad.abs().sum() > 0
+
+
 def test_no_cuda_device_is_refused_with_the_field_and_the_reason() -> None:
     assert fp8.fp8_problem(cuda_available=False) == (
         "training.precision: fp8 needs FP8 matmuls (compute capability 8.9 or newer: Ada, Hopper, Blackwell); "
