@@ -236,6 +236,20 @@ def test_compiled_through_aot_autograd_it_gives_eagers_numbers() -> None:
     assert xe.grad is not None and xc.grad is not None and torch.equal(xc.grad, xe.grad) and xe.grad.abs().sum() > 0
 
 
+def test_a_dynamic_token_count_compiles_once_whatever_the_rows_modulo_16() -> None:
+    """The trainer's compiled decoder layers take any token count; padding must not make the graph guard on it."""
+    from torch._dynamo.utils import counters
+
+    layer = Float8FrozenLinear.from_linear(_frozen_linear(64, 32))
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(layer, backend="aot_eager", dynamic=True, fullgraph=True)
+    for rows in (21, 32, 17, 48, 5):
+        x = torch.randn(rows, 64, dtype=torch.bfloat16)
+        assert torch.equal(compiled(x), layer(x))
+    assert counters["stats"]["unique_graphs"] == 1
+
+
 def test_no_cuda_device_is_refused_with_the_field_and_the_reason() -> None:
     assert fp8.fp8_problem(cuda_available=False) == (
         "training.precision: fp8 needs FP8 matmuls (compute capability 8.9 or newer: Ada, Hopper, Blackwell); "

@@ -96,12 +96,13 @@ def scaled_matmul(a: Tensor, w: Tensor, w_scale: Tensor) -> Tensor:
     `a` is quantized per row; M is padded to a multiple of 16 for `_scaled_mm` and the padding dropped after."""
     a = a.contiguous()  # `_scaled_mm` wants row-major rows; a gradient can arrive broadcast (stride 0)
     m = a.shape[0]
-    pad = -m % ROW_MULTIPLE
-    if pad:
-        a = torch.nn.functional.pad(a, (0, 0, 0, pad))
+    # Padded always (by 0 rows when M is a multiple of 16), without a branch on M: under torch.compile with a
+    # dynamic token count a branch would guard on M % 16 and compile the layer again when it changes; inductor
+    # fuses the padding into the quantization kernel.
+    a = torch.nn.functional.pad(a, (0, 0, 0, -m % ROW_MULTIPLE))
     aq, a_scale = quantize_rows(a)
     out: Tensor = fp8_matmul(aq, a_scale, w, w_scale)
-    return out[:m] if pad else out
+    return out[:m]
 
 
 class _Float8Matmul(torch.autograd.Function):
