@@ -26,15 +26,16 @@ bitcasts into every compiled graph). DDP would broadcast every buffer from rank 
 (`broadcast_buffers`), 2 bytes per base weight each step; `apply_fp8` names them in the model's
 `_ddp_params_and_buffers_to_ignore` (every rank computes the same copies from the same weights).
 
-The matmul is a `torch.autograd.Function` with no logging and no data-dependent branch, so torch.compile traces it
-into the compiled decoder layers (the quantization is then fused into neighbouring kernels); `_scaled_mm` itself
-sits behind a custom operator (`fp8_matmul`) that compile does not look into, because traced as a plain
-`_scaled_mm` the input gradient came out as zeros on CUDA. Without torch.compile (the trainer compiles decoder
-layers only without DeepSpeed and without checkpointing, `finetune_trainer.speed`) the quantization runs as
-separate eager kernels and an FP8 linear is slower than a bf16 one (measured at 8192 x 4096 -> 14336 on an H200:
-3.3 ms forward + input gradient, against 2.4 in bf16). Row counts that are not a multiple of 16 (what
-`_scaled_mm` accepts) are padded with zero rows. `torch._scaled_mm` with row-wise scales also runs on CPU, so the
-tests run this very code there.
+The linear is a custom operator with its own autograd formula (`fp8_linear`, backward `_fp8_linear_backward`),
+not a `torch.autograd.Function`: torch 2.11's dynamo routes the gradient of a traced autograd.Function to the wrong
+output when the returned tensor aliases an intermediate (pytorch/pytorch#180642, fixed in 2.12), and the compiled
+layers' input gradient came out as zeros on the H200 that way (eager was right). The quantization of x (forward)
+and dY (backward) stays outside the opaque matmul (`fp8_matmul`), in code torch.compile traces, so inductor fuses
+it into the neighbouring kernels. Without torch.compile (the trainer compiles decoder layers only without DeepSpeed
+and without checkpointing, `finetune_trainer.speed`) the quantization runs as separate eager kernels and an FP8
+linear is slower than a bf16 one (measured at 8192 x 4096 -> 14336 on an H200: 3.3 ms forward + input gradient,
+against 2.4 in bf16). Row counts that are not a multiple of 16 (what `_scaled_mm` accepts) are padded with zero
+rows. `torch._scaled_mm` with row-wise scales also runs on CPU, so the tests run this very code there.
 
 Not with ZeRO-3 (it partitions the weights this replaces), 4-bit bases (no bf16 weights to convert) or
 `mergeAdapter` (the bf16 base is gone): the API's rules refuse those specs, and `fp8_problem` refuses a GPU
@@ -76,10 +77,8 @@ def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
 def fp8_matmul(aq: Tensor, a_scale: Tensor, w: Tensor, w_scale: Tensor) -> Tensor:
     """`aq` [M, K] e4m3 with `a_scale` [M, 1] times `w`^T ([N, K] e4m3, row-major, `w_scale` [N]) -> [M, N] bf16.
 
-    An operator opaque to torch.compile, so that `_scaled_mm` gets its operands as laid out here (`w^T` a
-    column-major view of the row-major copy). Traced as a plain `_scaled_mm` inside the autograd.Function, the
-    input gradient came out as zeros on CUDA under torch.compile (inductor and aot_eager alike; torch 2.11), with
-    any gradient, while eager was right. The quantization around it stays traced, so inductor still fuses it."""
+    Opaque to torch.compile, so `_scaled_mm` gets its operands as laid out here (`w^T` a column-major view of the
+    row-major copy, rows made row-major first: a gradient can arrive broadcast, with stride 0)."""
     return torch._scaled_mm(
         aq.contiguous(), w.t(), scale_a=a_scale.contiguous(), scale_b=w_scale.view(1, -1), out_dtype=torch.bfloat16
     )
@@ -90,34 +89,50 @@ def _fp8_matmul_shape(aq: Tensor, a_scale: Tensor, w: Tensor, w_scale: Tensor) -
     return aq.new_empty((aq.shape[0], w.shape[0]), dtype=torch.bfloat16)
 
 
-def scaled_matmul(a: Tensor, w: Tensor, w_scale: Tensor) -> Tensor:
-    """`a` [M, K] (bf16 or fp32) times `w`^T in FP8, in bf16: `w` [N, K] e4m3, row-major, with `w_scale` [N] fp32.
-
-    `a` is quantized per row; M is padded to a multiple of 16 for `_scaled_mm` and the padding dropped after."""
-    a = a.contiguous()  # `_scaled_mm` wants row-major rows; a gradient can arrive broadcast (stride 0)
-    m = a.shape[0]
-    # Padded always (by 0 rows when M is a multiple of 16), without a branch on M: under torch.compile with a
-    # dynamic token count a branch would guard on M % 16 and compile the layer again when it changes; inductor
-    # fuses the padding into the quantization kernel.
-    a = torch.nn.functional.pad(a, (0, 0, 0, -m % ROW_MULTIPLE))
-    aq, a_scale = quantize_rows(a)
-    out: Tensor = fp8_matmul(aq, a_scale, w, w_scale)
-    return out[:m]
+@torch.library.custom_op("finetune_trainer::fp8_linear", mutates_args=())
+def fp8_linear(
+    x: Tensor, xq: Tensor, x_scale: Tensor, w_fwd: Tensor, s_fwd: Tensor, w_bwd: Tensor, s_bwd: Tensor
+) -> Tensor:
+    """y = x W^T in FP8, from `x`'s e4m3 rows `xq` and their scales (computed by the caller, so that torch.compile
+    fuses the quantization into the kernels before it); `x` itself only carries the autograd edge: its gradient is
+    dX = dY W, from `w_bwd` (`_fp8_linear_backward`). `x` [M, K] with M a multiple of 16."""
+    y: Tensor = fp8_matmul(xq, x_scale, w_fwd, s_fwd)
+    return y
 
 
-class _Float8Matmul(torch.autograd.Function):
-    """y = x W^T with `w_fwd`, and dX = dY W with `w_bwd`; no gradient for the frozen weight."""
+@fp8_linear.register_fake
+def _fp8_linear_shape(
+    x: Tensor, xq: Tensor, x_scale: Tensor, w_fwd: Tensor, s_fwd: Tensor, w_bwd: Tensor, s_bwd: Tensor
+) -> Tensor:
+    return x.new_empty((x.shape[0], w_fwd.shape[0]), dtype=torch.bfloat16)
 
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, w_fwd: Tensor, s_fwd: Tensor, w_bwd: Tensor, s_bwd: Tensor) -> Tensor:
-        ctx.save_for_backward(w_bwd, s_bwd)
-        ctx.x_dtype = x.dtype
-        return scaled_matmul(x, w_fwd, s_fwd).to(x.dtype)
 
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None, None]:
-        w_bwd, s_bwd = ctx.saved_tensors
-        return scaled_matmul(grad, w_bwd, s_bwd).to(ctx.x_dtype), None, None, None, None
+def _fp8_linear_setup(ctx: Any, inputs: tuple[Tensor, ...], output: Tensor) -> None:
+    ctx.save_for_backward(inputs[5], inputs[6])
+    ctx.x_dtype = inputs[0].dtype
+
+
+def _fp8_linear_backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+    """dX = dY W in FP8: dY quantized per row (traced, so fused), times `w_bwd`; no gradient for anything else."""
+    w_bwd, s_bwd = ctx.saved_tensors
+    gq, g_scale = quantize_rows(grad)
+    return (fp8_matmul(gq, g_scale, w_bwd, s_bwd).to(ctx.x_dtype), None, None, None, None, None, None)
+
+
+fp8_linear.register_autograd(_fp8_linear_backward, setup_context=_fp8_linear_setup)
+
+
+def fp8_linear_rows(x: Tensor, w_fwd: Tensor, s_fwd: Tensor, w_bwd: Tensor, s_bwd: Tensor) -> Tensor:
+    """`x` [M, K] times W^T through `fp8_linear`, in `x`'s dtype: rows padded to a multiple of 16 and back.
+
+    Padded always (by 0 rows when M is a multiple of 16), without a branch on M: under torch.compile with a dynamic
+    token count a branch would guard on M % 16 and compile the layer again when it changes; inductor fuses the
+    padding into the quantization kernel."""
+    m = x.shape[0]
+    xp = torch.nn.functional.pad(x, (0, 0, 0, -m % ROW_MULTIPLE))
+    xq, x_scale = quantize_rows(xp.detach())  # not differentiable: the gradient goes through `xp`
+    y: Tensor = fp8_linear(xp, xq, x_scale, w_fwd, s_fwd, w_bwd, s_bwd)[:m]
+    return y if y.dtype == x.dtype else y.to(x.dtype)
 
 
 def quantize_weight(weight: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -170,7 +185,7 @@ class Float8FrozenLinear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         lead = x.shape[:-1]
-        y = _Float8Matmul.apply(x.reshape(-1, self.in_features), self.w_fwd, self.s_fwd, self.w_bwd, self.s_bwd)
+        y = fp8_linear_rows(x.reshape(-1, self.in_features), self.w_fwd, self.s_fwd, self.w_bwd, self.s_bwd)
         out: Tensor = y.reshape(*lead, self.out_features)
         return out + self.bias if self.bias is not None else out
 
