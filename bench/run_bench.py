@@ -364,7 +364,19 @@ def plan_fp8() -> list[dict]:
     ]
 
 
-PLANS = {"fast1g": plan_fast1g, "fp8": plan_fp8, "auto1g": plan_auto1g, "stalls": plan_stalls, "q70mem": plan_q70mem, "q70": plan_q70, "release": plan_release, "big70": plan_big70, "integrated": plan_integrated, "perf": plan_perf, "final": plan_final, "last": plan_last, "memory": plan_memory, "cpu-smoke": plan_cpu_smoke}
+def plan_fp8stall() -> list[dict]:
+    """One GPU, one call: bf16 and fp8 over the same 200 steps of arithmetic rows (loss and tokens/s), then 200
+    steps of the default job on lognormal documents with the token count dynamic from the first compile."""
+    note = "1 GPU, default job, 200 steps, lognormal document lengths (median 360), tokens dynamic from step 1"
+    return [
+        quality_job("q_bf16", "default"),
+        quality_job("q_fp8", "fp8"),
+        default_job("stall_dyn_tokens", steps=200, minimum=150, limit=260, extra=LOGNORMAL, note=note,
+                    env={"FTJOB_BENCH_MEASURE": "190", "TORCH_LOGS": "recompiles"}),
+    ]
+
+
+PLANS = {"fast1g": plan_fast1g, "fp8": plan_fp8, "fp8stall": plan_fp8stall, "auto1g": plan_auto1g, "stalls": plan_stalls, "q70mem": plan_q70mem, "q70": plan_q70, "release": plan_release, "big70": plan_big70, "integrated": plan_integrated, "perf": plan_perf, "final": plan_final, "last": plan_last, "memory": plan_memory, "cpu-smoke": plan_cpu_smoke}
 
 
 class Runner:
