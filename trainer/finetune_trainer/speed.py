@@ -288,8 +288,8 @@ def mark_tokens_dynamic(layer: Any, args: tuple[Any, ...], kwargs: dict[str, Any
     sees it (`torch._dynamo.maybe_mark_dynamic`: a hint, never an error), and the document boundaries' length.
 
     Packed batches of documents of varying length change the token count; with automatic dynamic shapes the first
-    compile is specialised to the first count and the first batch with another one recompiles every layer, which
-    can happen hundreds of steps in (bench run 15: step 19, 23 s, when the first batch under 8,192 tokens came).
+    compile is specialised to the first count and the first batch with another one recompiles every layer, however
+    late it comes (bench run 15: step 19, 23 s, when the first batch under 8,192 tokens came).
     Marked here, the first compile is already general in the token count. The hidden states are [batch, tokens,
     hidden]; position embeddings, position ids and sequence indices carry the same token dimension."""
     import torch
@@ -399,8 +399,8 @@ def apply_to_model(model: Any, levers: set[str], *, cuda: bool, packing: bool, q
 PACKED_PAD_MULTIPLE = 64
 """With compiled decoder layers, packed batches are padded to a multiple of this many tokens (TRL's collator:
 `pad_to_multiple_of`; each pad token is a one-token document with label -100, so the loss and what is trained do
-not change). Every matmul then sees a row count that is a multiple of 64: whole tensor-core tiles, and no per-layer
-padding copy for FP8's `_scaled_mm` (which takes multiples of 16). At most 63 wasted tokens (< 1% of 8,192)."""
+not change). Every matmul then sees a row count that is a multiple of 64: whole tensor-core tiles, and rows FP8's
+`_scaled_mm` takes as they are (multiples of 16). At most 63 wasted tokens (< 1% of 8,192)."""
 
 
 def pad_to_multiple_of(levers: set[str], *, packing: bool) -> int | None:
