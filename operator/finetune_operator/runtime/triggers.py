@@ -10,7 +10,9 @@ A child's events (attempt Jobs, trainer pods) call for a round only when what th
 child changed: the summary its index keeps (`handlers/indexes.py`). Most of a child's events change
 nothing there (a Job's active and ready counts, a pod's probe times and IPs), and in a 1,000-job burst
 each was a round (a pydantic validation of the job, the pure reconcile, a status diff) competing for a
-slot with the jobs that still wait for their children.
+slot with the jobs that still wait for their children. The handlers narrow it further (`handlers/indexes.py`:
+a pod's node is left out, a new pod that only waits is no news, and a round notes the Job it created as its
+first event will show it): 8-9 rounds per job in a burst became about 4.
 """
 
 from collections.abc import Mapping
