@@ -253,7 +253,7 @@ def test_a_dynamic_token_count_compiles_once_whatever_the_rows_modulo_16() -> No
 def test_no_cuda_device_is_refused_with_the_field_and_the_reason() -> None:
     assert fp8.fp8_problem(cuda_available=False) == (
         "training.precision: fp8 needs FP8 matmuls (compute capability 8.9 or newer: Ada, Hopper, Blackwell); "
-        "this machine has no CUDA device"
+        "this machine has no CUDA device: set training.precision: default, or run the job on such GPUs"
     )
 
 
@@ -261,7 +261,7 @@ def test_a_gpu_older_than_ada_is_refused_by_name_and_capability() -> None:
     name, capability = A100
     assert fp8.fp8_problem(cuda_available=True, name=name, capability=capability) == (
         "training.precision: fp8 needs FP8 matmuls (compute capability 8.9 or newer: Ada, Hopper, Blackwell); "
-        "cuda:0 is NVIDIA A100-SXM4-80GB (8.0)"
+        "cuda:0 is NVIDIA A100-SXM4-80GB (8.0): set training.precision: default, or run the job on such GPUs"
     )
     for ok in [(8, 9), (9, 0), (10, 0)]:
         assert fp8.fp8_problem(cuda_available=True, name="x", capability=ok) is None

@@ -108,8 +108,9 @@ def _fp8_linear_shape(
 
 
 def _fp8_linear_setup(ctx: Any, inputs: tuple[Tensor, ...], output: Tensor) -> None:
-    ctx.save_for_backward(inputs[5], inputs[6])
-    ctx.x_dtype = inputs[0].dtype
+    x, _xq, _x_scale, _w_fwd, _s_fwd, w_bwd, s_bwd = inputs
+    ctx.save_for_backward(w_bwd, s_bwd)
+    ctx.x_dtype = x.dtype
 
 
 def _fp8_linear_backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
@@ -236,10 +237,11 @@ def fp8_problem(
 ) -> str | None:
     """Why `training.precision: fp8` cannot run here (no CUDA device, or `device` has no FP8 matmuls), else None."""
     needs = "training.precision: fp8 needs FP8 matmuls (compute capability 8.9 or newer: Ada, Hopper, Blackwell)"
+    fix = "set training.precision: default, or run the job on such GPUs"
     if not cuda_available:
-        return f"{needs}; this machine has no CUDA device"
+        return f"{needs}; this machine has no CUDA device: {fix}"
     if capability < FP8_MIN_CAPABILITY:
-        return f"{needs}; {device} is {name} ({capability[0]}.{capability[1]})"
+        return f"{needs}; {device} is {name} ({capability[0]}.{capability[1]}): {fix}"
     return None
 
 
