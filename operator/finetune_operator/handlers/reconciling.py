@@ -239,6 +239,16 @@ async def _undo(state: OperatorState, created: list[Created]) -> None:
         await state.kube.delete(child.kind, child.namespace, child.name, child.uid)
 
 
+def _may_wait(old: dict[str, Any], new: dict[str, Any]) -> float:
+    """How long a status change may wait for news (0: written now): a detail `STATUS_BATCH_SECONDS`, a new job's
+    first "pods starting" `STARTING_STATUS_SECONDS`."""
+    if only_details_changed(old, new):
+        return STATUS_BATCH_SECONDS
+    if only_starting(old, new):
+        return STARTING_STATUS_SECONDS
+    return 0.0
+
+
 async def _write_status(state: OperatorState, body: dict[str, Any], job: FineTuneJob, actions: Actions) -> None:
     """Patch only what changed (and never progress/output), then post one event per transition.
 
@@ -255,13 +265,7 @@ async def _write_status(state: OperatorState, body: dict[str, Any], job: FineTun
     now = time.monotonic()
     transitions = actions.transitions
     after = {**old, **delta}
-    batch = (
-        STATUS_BATCH_SECONDS
-        if only_details_changed(old, after)
-        else STARTING_STATUS_SECONDS
-        if only_starting(old, after)
-        else 0.0
-    )
+    batch = _may_wait(old, after)
     if delta and batch:
         since_write = now - state.status_written.get(key, -math.inf)
         since_seen = now - state.details_seen.setdefault(key, now)
