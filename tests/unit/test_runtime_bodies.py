@@ -106,7 +106,8 @@ def test_a_pod_bound_to_a_node_is_no_news_but_leaving_a_scheduler_problem_is() -
     assert children.changed("p1", pod_trigger(owned_pod(_waiting_pod("n1", scheduled))))  # its problem is gone
 
 
-def test_a_new_pod_that_only_waits_is_no_round_and_its_next_change_is(monkeypatch: pytest.MonkeyPatch) -> None:
+def _rounds(monkeypatch: pytest.MonkeyPatch) -> tuple[OperatorState, list[tuple[str, str]]]:
+    """An operator state whose rounds are only recorded (which key, in order)."""
     state = OperatorState(config=OperatorConfig(image="t"), kube=None)  # type: ignore[arg-type]
     rounds: list[tuple[str, str]] = []
 
@@ -114,11 +115,34 @@ def test_a_new_pod_that_only_waits_is_no_round_and_its_next_change_is(monkeypatc
         rounds.append(key)
 
     monkeypatch.setattr(jobs, "reconcile_job", reconcile_job)
-    indexes = {name: {} for name in ("ftj_jobs", "ftj_pods", "ftj_configmaps", "ftj_services")}
+    return state, rounds
+
+
+INDEXES = {name: {} for name in ("ftj_jobs", "ftj_pods", "ftj_configmaps", "ftj_services")}
+
+
+def _pod_event(state: OperatorState, body: dict[str, Any], type: str = "MODIFIED") -> Any:
+    """One watch event of a trainer pod as kopf delivers it: the index function (not for a deletion), then the
+    deletion handler (only for one); the rounds they started have run when this returns. The index entry."""
+    body["metadata"]["labels"] = {"finetune.dev/job-name": "a"}
+
+    async def deliver() -> Any:
+        if type == "DELETED":
+            await jobs.child_deleted(body=kopf.Body(body), memo=kopf.Memo(state=state), **INDEXES)
+            return None
+        entry = await jobs.ftj_pods(body=kopf.Body(body), memo=kopf.Memo(state=state), **INDEXES)
+        await asyncio.gather(*state.triggered)
+        return entry
+
+    return asyncio.run(deliver())
+
+
+def test_a_new_pod_that_only_waits_is_no_round_and_its_next_change_is(monkeypatch: pytest.MonkeyPatch) -> None:
+    state, rounds = _rounds(monkeypatch)
+    state.indexed = True
 
     def event(body: dict[str, Any], type: str = "MODIFIED") -> None:
-        body["metadata"]["labels"] = {"finetune.dev/job-name": "a"}
-        asyncio.run(jobs.trainer_pod_event(type, kopf.Body(body), kopf.Memo(state=state), **indexes))
+        _pod_event(state, body, type)
 
     event(_waiting_pod(None), "ADDED")
     assert rounds == []  # created, waiting for a node: the Job's round already expects it
@@ -135,3 +159,47 @@ def test_a_new_pod_that_only_waits_is_no_round_and_its_next_change_is(monkeypatc
     gone["metadata"]["uid"] = "p3"
     event(gone, "DELETED")
     assert len(rounds) == 3  # a deleted pod always is
+    event(stuck, "DELETED")
+    assert len(rounds) == 4 and not state.children.knows("p2")  # and is forgotten
+
+
+def test_before_kopf_filled_its_indexes_a_child_is_indexed_and_noted_but_starts_no_round(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The listing at start: kopf calls index functions before any handler, and every FineTuneJob's first
+    sighting (a handler, so after all indexes are filled) is a round that reads the child anyway."""
+    state, rounds = _rounds(monkeypatch)
+    running = _waiting_pod("n1") | {"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}
+    entry = _pod_event(state, running, type="ADDED")
+    assert rounds == [] and state.triggered == set()
+    assert entry == {("ns", "a"): owned_pod(running)}  # what kopf keeps in ftj_pods
+    state.indexed = True  # what the first handler call says
+    _pod_event(state, running)
+    assert rounds == []  # noted at the listing: the same summary is no news
+    _pod_event(state, running | {"status": {"phase": "Failed"}})
+    assert rounds == [("ns", "a")]
+
+
+def test_an_attempt_jobs_change_is_a_round_and_its_deletion_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    state, rounds = _rounds(monkeypatch)
+    state.indexed = True
+    job = _job()
+    job["metadata"] |= {"namespace": "ns", "labels": {"finetune.dev/job-name": "a"}}
+
+    async def deliver(body: dict[str, Any], deleted: bool = False) -> None:
+        if deleted:
+            await jobs.child_deleted(body=kopf.Body(body), memo=kopf.Memo(state=state), **INDEXES)
+        else:
+            await jobs.ftj_jobs(body=kopf.Body(body), memo=kopf.Memo(state=state), **INDEXES)
+        await asyncio.gather(*state.triggered)
+
+    asyncio.run(deliver(job))
+    assert rounds == [("ns", "a")]
+    asyncio.run(deliver(_job(active=2, ready=1) | {"metadata": job["metadata"]}))
+    assert rounds == [("ns", "a")]  # counts only: not read by a round
+    asyncio.run(deliver(job, deleted=True))
+    assert rounds == [("ns", "a")] * 2 and not state.children.knows(str(job["metadata"]["uid"]))
+
+
+def test_kopf_calls_the_deletion_handler_for_deletions_only() -> None:
+    assert jobs._deleted(type="DELETED") and not jobs._deleted(type="MODIFIED") and not jobs._deleted(type=None)

@@ -100,6 +100,6 @@ async def shutdown(memo: kopf.Memo, **_: Any) -> None:
         await runner.cleanup()
     state: OperatorState | None = memo.get("state")
     if state is not None:
-        for task in state.background:
+        for task in [*state.background, *state.triggered]:
             task.cancel()
         await state.kube.close()

@@ -4,6 +4,9 @@ Each index keeps a small frozen summary rather than the body, so memory stays fl
 owner uid so the children of a deleted namesake are never taken for this job's. `observe()` folds
 the index entries of one job into the pure `Observed` that `reconcile` reads. kopf fills indexes
 before any other handler runs, so the first reconcile after a restart already sees every child.
+The ConfigMap and Service indexes are registered here; those of Jobs and pods are in `handlers/jobs.py`,
+since their index functions are also what triggers a round on a child's change (one kopf callback per
+event, not an index plus an event handler).
 The index functions are `async` only so that kopf calls them inline: a sync one goes through a thread
 pool for each of the thousands of child events of a burst.
 """
@@ -152,18 +155,6 @@ def waiting_arrival(owned: Owned) -> bool:
     problem gone, running, failed) is news as usual. In a burst that is one round fewer per pod."""
     value: PodObserved = owned.value
     return value.phase == "Pending" and value.node is None and value.problem is None and not value.deleting
-
-
-@kopf.index("batch", "v1", "jobs", labels=CHILD_LABELS)
-async def ftj_jobs(body: kopf.Body, **_: Any) -> dict[Key, Owned]:
-    """Attempt Jobs by owning FineTuneJob."""
-    return {key_of(body.meta): owned_job(body)}
-
-
-@kopf.index("", "v1", "pods", labels=CHILD_LABELS)
-async def ftj_pods(body: kopf.Body, **_: Any) -> dict[Key, Owned]:
-    """Trainer pods by FineTuneJob; the owner uid here is the attempt Job's."""
-    return {key_of(body.meta): owned_pod(body)}
 
 
 @kopf.index("", "v1", "configmaps", labels=CHILD_LABELS)

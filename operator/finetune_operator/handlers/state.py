@@ -60,7 +60,12 @@ class OperatorState:
     kube: Kube
     indexes: dict[str, Any] = field(default_factory=dict)
     """kopf's index views, captured from the first handler call for the wake-up task."""
+    indexed: bool = False
+    """Whether kopf has filled every index (it calls a handler only then): from then on a child's index function
+    may trigger a round (`handlers/jobs.py`)."""
     background: list["asyncio.Task[Any]"] = field(default_factory=list)
+    triggered: set["asyncio.Task[None]"] = field(default_factory=set)
+    """Rounds that a child's index function started, each in its own task, until they end."""
     triggers: Triggers = field(default_factory=Triggers)
     children: ChildTriggers = field(default_factory=ChildTriggers)
     bodies: Bodies = field(default_factory=Bodies)
