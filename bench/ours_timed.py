@@ -11,9 +11,10 @@ Run in place of `-m finetune_trainer` in the rendered node command. It changes n
    not (for measuring levers one at a time); FTJOB_BENCH_NOTE is copied into the result.
  * FTJOB_BENCH_FP8_CAST=1: checkpoints stored in fp8 (make_models.py --fp8-storage, for the 70B shape) are cast to
    the load dtype on the GPU instead of by PyTorch's scalar CPU cast (17x slower loads than the 8B bf16 checkpoint:
-   bench run 6). FTJOB_BENCH_RANDOM_INIT=1: a non-quantized model is built from its config under zero.Init with random
-   weights instead of loaded (as the seed recipe's 70B job is "built under ZeRO-3 init"). Neither changes what is
-   trained.
+   bench run 6). FTJOB_BENCH_FP8_EDGES=N: `training.precision: fp8` keeps N decoder layers at each end bf16
+   (sets `finetune_trainer.fp8.BF16_EDGE_LAYERS`). FTJOB_BENCH_RANDOM_INIT=1: a non-quantized model is built from
+   its config under zero.Init with random weights instead of loaded (as the seed recipe's 70B job is "built under
+   ZeRO-3 init"). Neither changes what is trained.
 Rank 0 appends one JSON line to $FTJOB_BENCH_RESULTS in the seed script's result schema (plus our fields).
 """
 
@@ -48,6 +49,10 @@ def bench_model_shims() -> None:
             return materialize(tensor, device, dtype)
 
         cml._materialize_copy = cast_on_gpu
+    if os.environ.get("FTJOB_BENCH_FP8_EDGES"):  # fp8 quality variants: decoder layers at each end kept bf16
+        import finetune_trainer.fp8 as fp8
+
+        fp8.BF16_EDGE_LAYERS = int(os.environ["FTJOB_BENCH_FP8_EDGES"])
     if os.environ.get("FTJOB_BENCH_RANDOM_INIT") == "1":
         from transformers import AutoConfig, AutoModelForCausalLM
 

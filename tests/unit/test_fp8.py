@@ -21,7 +21,7 @@ from finetune_api import constants  # noqa: E402
 from finetune_api.constants import EXIT_INVALID_CONFIG  # noqa: E402
 from finetune_api.termination import TerminationRecord  # noqa: E402
 from finetune_trainer import fp8  # noqa: E402
-from finetune_trainer.fp8 import Float8FrozenLinear, apply_fp8, quantize_rows  # noqa: E402
+from finetune_trainer.fp8 import BF16_EDGE_LAYERS, Float8FrozenLinear, apply_fp8, quantize_rows  # noqa: E402
 from tests.trainer.launching import write_config  # noqa: E402
 
 ERROR_BOUND = 0.05
@@ -129,12 +129,12 @@ def test_a_whole_module_cast_leaves_the_fp8_copies_alone() -> None:
     assert torch.equal(layer(x), before)
 
 
-def _tiny_peft_llama(dtype: torch.dtype = torch.bfloat16) -> nn.Module:
+def _tiny_peft_llama(dtype: torch.dtype = torch.bfloat16, layers: int = 2) -> nn.Module:
     config = transformers.LlamaConfig(
         vocab_size=96,
         hidden_size=64,
         intermediate_size=128,
-        num_hidden_layers=2,
+        num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=128,
@@ -151,7 +151,7 @@ def test_apply_fp8_swaps_the_decoder_base_linears_and_leaves_the_checkpoint_alon
     before = {k: v.clone() for k, v in model.state_dict().items()}
     adapter_before = peft.get_peft_model_state_dict(model)
 
-    assert apply_fp8(model) == 2 * 7  # q, k, v, o, gate, up, down in each of 2 layers
+    assert apply_fp8(model, edge_layers=0) == 2 * 7  # q, k, v, o, gate, up, down in each of 2 layers
 
     swapped = [n for n, m in model.named_modules() if isinstance(m, Float8FrozenLinear)]
     assert len(swapped) == 14 and all(n.endswith(".base_layer") and ".layers." in n for n in swapped)
@@ -170,6 +170,20 @@ def test_apply_fp8_swaps_the_decoder_base_linears_and_leaves_the_checkpoint_alon
     assert ignored == buffers and len(buffers) == 4 * 14
 
 
+def test_apply_fp8_keeps_the_first_and_last_decoder_layers_bf16_by_default() -> None:
+    model = _tiny_peft_llama(layers=4)
+
+    assert BF16_EDGE_LAYERS == 1 and apply_fp8(model) == 2 * 7  # layers 1 and 2 of 0..3
+
+    def fp8_layers() -> set[int]:
+        return {int(n.split(".layers.")[1].split(".")[0]) for n, m in model.named_modules()
+                if isinstance(m, Float8FrozenLinear)}
+
+    assert fp8_layers() == {1, 2}
+    bf16_bases = [n for n, m in model.named_modules() if n.endswith(".base_layer") and type(m) is nn.Linear]
+    assert len(bf16_bases) == 2 * 7 and all(".layers.0." in n or ".layers.3." in n for n in bf16_bases)
+
+
 def _batch() -> dict[str, torch.Tensor]:
     ids = torch.randint(0, 96, (4, 48), generator=torch.Generator().manual_seed(7))
     return {"input_ids": ids, "labels": ids}
@@ -178,7 +192,7 @@ def _batch() -> dict[str, torch.Tensor]:
 def test_a_lora_step_in_fp8_trains_the_adapter_with_a_loss_close_to_bf16s() -> None:
     reference = _tiny_peft_llama()
     model = _tiny_peft_llama()
-    apply_fp8(model)
+    apply_fp8(model, edge_layers=0)
     for name, param in model.named_parameters():  # a non-zero B, so that lora_A gets a gradient too
         if "lora_B" in name:
             torch.nn.init.normal_(param, std=0.02)
@@ -203,7 +217,7 @@ def test_apply_fp8_traces_in_torch_compile_without_graph_breaks() -> None:
     from torch._dynamo.utils import counters
 
     model = _tiny_peft_llama()
-    apply_fp8(model)
+    apply_fp8(model, edge_layers=0)
     torch._dynamo.reset()
     counters.clear()
     compiled = torch.compile(model, backend="eager", fullgraph=False)

@@ -7,8 +7,9 @@ optimizer touches or that is sensitive to rounding stays bf16: the adapter (lora
 attention, embeddings, lm_head and the loss.
 
 How. `apply_fp8` swaps each frozen `nn.Linear` inside the decoder layers (PEFT's `base_layer` of every LoRA layer,
-and any plain frozen linear there) for a `Float8FrozenLinear`, which keeps two e4m3 copies of the weight W
-[out, in], each with one fp32 scale per row (amax / 448, e4m3's largest value, so every row uses the whole range):
+and any plain frozen linear there; the first and last layer stay bf16, `BF16_EDGE_LAYERS`) for a
+`Float8FrozenLinear`, which keeps two e4m3 copies of the weight W [out, in], each with one fp32 scale per row
+(amax / 448, e4m3's largest value, so every row uses the whole range):
 
 * `w_fwd` = W, scaled per output row: the forward y = x W^T;
 * `w_bwd` = W^T stored contiguous [in, out], scaled per input column of W: the input gradient dX = dY W.
@@ -64,6 +65,11 @@ FP8_BUFFERS = ("w_fwd", "s_fwd", "w_bwd", "s_bwd")
 """The buffers of a `Float8FrozenLinear`: the two e4m3 copies of the weight and their fp32 row scales."""
 FP8_MIN_CAPABILITY = (8, 9)
 """CUDA compute capability of the first GPUs with FP8 tensor cores (Ada; Hopper is 9.0, Blackwell 10.0)."""
+BF16_EDGE_LAYERS = 1
+"""Decoder layers at each end of the stack whose linears stay bf16 (as Megatron-Core's `--first-last-layers-bf16`):
+the first layer sees the raw embeddings and the last feeds the loss, where FP8 rounding is least diluted. Measured at
+8B (200 LoRA steps of learnable rows, one H200): every layer in FP8 ended 1.05% above bf16's eval loss, this 0.01%,
+at the same speed (16,029 and 16,390 tokens/s: within run-to-run spread)."""
 
 
 def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
@@ -208,15 +214,18 @@ def _decoder_layers(model: nn.Module) -> list[nn.Module]:
     return found
 
 
-def apply_fp8(model: nn.Module, device: torch.device | None = None) -> int:
+def apply_fp8(model: nn.Module, device: torch.device | None = None, *, edge_layers: int | None = None) -> int:
     """Swap every frozen `nn.Linear` inside the decoder layers (LoRA's `base_layer`s, and plain frozen linears
     there) for a `Float8FrozenLinear`, quantized on `device` (default: where each weight is); returns how many.
 
     Run after PEFT wrapped the model and before the first step (torch.compile traces at the first forward). The
-    adapter's own linears (trainable) and weights whose shape `_scaled_mm` refuses are left alone."""
+    adapter's own linears (trainable), weights whose shape `_scaled_mm` refuses and the `edge_layers` first and
+    last decoder layers (default `BF16_EDGE_LAYERS`) are left alone."""
+    edge = BF16_EDGE_LAYERS if edge_layers is None else edge_layers
+    layers = _decoder_layers(model)
     replaced: list[str] = []
     names = {id(m): n for n, m in model.named_modules()}
-    for layer in _decoder_layers(model):
+    for layer in layers[edge : len(layers) - edge]:
         for parent in list(layer.modules()):
             for child_name, child in list(parent.named_children()):
                 if type(child) is not nn.Linear or child.weight.requires_grad:
@@ -228,7 +237,8 @@ def apply_fp8(model: nn.Module, device: torch.device | None = None) -> int:
                 replaced.append(f"{names[id(parent)]}.{child_name}")
     ignored = list(getattr(model, "_ddp_params_and_buffers_to_ignore", []))
     model._ddp_params_and_buffers_to_ignore = ignored + [f"{n}.{b}" for n in replaced for b in FP8_BUFFERS]  # type: ignore[assignment]
-    log.info("fp8: %d linear layers of the frozen base in FP8 (e4m3, row-wise scales)", len(replaced))
+    log.info("fp8: %d linear layers of the frozen base in FP8 (e4m3, row-wise scales), %d decoder layers at each "
+             "end in bf16", len(replaced), edge)
     return len(replaced)
 
 
