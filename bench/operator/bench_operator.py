@@ -45,6 +45,8 @@ LABEL = "finetune.dev/job-name"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 # Resources whose requests are background noise of the fake cluster, not of anyone creating jobs.
 NOISE = {"leases", "nodes"}
+WATCH_EVENTS_MIN = 0.1  # per job: below it, a resource's watch events are the bookmarks of idle watches
+WATCH_METRICS = (("apiserver_watch_events_total{", "events"), ("apiserver_watch_events_sizes_sum{", "bytes"))
 GPUS_PER_NODE = 8
 PY_SPY = Path(sys.executable).parent / "py-spy"
 GOAL_RATIO = 1.3  # the burst goal: operator create -> all pods <= 1.3x the floor's, at every N, run after run
@@ -165,6 +167,33 @@ class Bench:
             labels = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}")[0]))
             out[(labels.get("verb", ""), labels.get("resource", ""))] += float(line.rsplit(" ", 1)[1])
         return out
+
+    def watch_counts(self) -> Counter[tuple[str, str]]:
+        """Watch events the API server has sent so far, all watchers together: (resource, "events") and
+        (resource, "bytes"), from `apiserver_watch_events_total` and `apiserver_watch_events_sizes_sum`. Both runs
+        have the same other watchers (controllers, scheduler, KWOK, this client's pod and Job watches), so the
+        operator run's count less the floor's is about what the operator's watches received (and decoded)."""
+        text = self.kubectl("get", "--raw", "/metrics")
+        out: Counter[tuple[str, str]] = Counter()
+        for line in text.splitlines():
+            for metric, what in WATCH_METRICS:
+                if line.startswith(metric):
+                    labels = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}")[0]))
+                    out[(labels.get("resource", ""), what)] += float(line.rsplit(" ", 1)[1])
+        return out
+
+    @staticmethod
+    def watch_delta(before: Counter[tuple[str, str]], after: Counter[tuple[str, str]], n: int) -> dict[str, Any]:
+        """Watch events and bytes per job by resource (leases, nodes and events left out: background and posts)."""
+        per: dict[str, dict[str, float]] = {}
+        for (resource, what), value in after.items():
+            if resource in NOISE or resource == "events":
+                continue
+            delta = value - before.get((resource, what), 0)
+            if delta > 0:
+                per.setdefault(resource, {})[f"{what}_per_job"] = round(delta / n, 2)
+        # every watch's bookmarks and resyncs (a few per run) are not the jobs'
+        return {r: v for r, v in per.items() if v.get("events_per_job", 0) >= WATCH_EVENTS_MIN}
 
     def job_controller_queue(self) -> dict[str, float]:
         """The Job controller's work queue so far (kube-controller-manager's /metrics): items, their summed wait
@@ -520,6 +549,7 @@ class Bench:
         spy = self.start_profiler(op.pid, workdir / f"profile-burst-{n}.txt") if self.profile else None
         cpu0 = self.cpu_seconds(op.pid)
         req0 = self.request_counts()
+        watch0 = self.watch_counts()
         comp0 = self.component_cpu(op.pid)
         jq0 = self.job_controller_queue()
         t0 = time.monotonic()
@@ -534,6 +564,7 @@ class Bench:
         comp1 = self.component_cpu(op.pid)
         jq1 = self.job_controller_queue()
         req1 = self.request_counts()
+        watch1 = self.watch_counts()
         # then until every job reports Running (status writes are the operator's too)
         deadline = time.monotonic() + timeout
         t_running = None
@@ -569,6 +600,7 @@ class Bench:
             "job_controller_to_pods": self.queue_delta(jq0, jq1),
             "requests_to_pods": self._requests(req0, req1),
             "requests_to_running": self._requests(req0, req2),
+            "watch_events_to_pods": self.watch_delta(watch0, watch1, n),
         }
 
     def burst_floor(self, n: int, timeout: float) -> dict[str, Any]:
@@ -588,6 +620,7 @@ class Bench:
         time.sleep(3)
         load = os.getloadavg()
         req0 = self.request_counts()
+        watch0 = self.watch_counts()
         comp0 = self.component_cpu()
         jq0 = self.job_controller_queue()
         t0 = time.monotonic()
@@ -605,6 +638,7 @@ class Bench:
         comp1 = self.component_cpu()
         jq1 = self.job_controller_queue()
         req1 = self.request_counts()
+        watch1 = self.watch_counts()
         stop.set()
         self.delete_namespace(ns, wait=600)
         return {
@@ -616,6 +650,7 @@ class Bench:
             "cpu_s_to_pods_by_process": self.cpu_delta(comp0, comp1),
             "job_controller_to_pods": self.queue_delta(jq0, jq1),
             "requests_to_pods": self._requests(req0, req1),
+            "watch_events_to_pods": self.watch_delta(watch0, watch1, n),
         }
 
 
