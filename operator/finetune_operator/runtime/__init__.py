@@ -3,9 +3,10 @@
 **What kopf does for us.** Watching: one list+watch stream per resource (FineTuneJobs and our labelled
 children: Jobs, pods, ConfigMaps, Services), reconnects, server-side label selectors, and a worker per
 object that delivers its events in order. Indexes: in-memory views of each job's children
-(`handlers/indexes.py`), filled before any handler runs, so the first round after a restart already
-sees every child. Peering: keep-alives in the (Cluster)KopfPeering object and pausing its handlers in
-a standby replica. Also startup/cleanup hooks, the memo and the liveness endpoint.
+(`handlers/indexes.py`; the index functions of Jobs and pods, in `handlers/jobs.py`, also trigger the
+rounds), filled before any handler runs, so the first round after a restart already sees every child.
+Peering: keep-alives in the (Cluster)KopfPeering object and pausing its handlers in a standby replica.
+Also startup/cleanup hooks, the memo and the liveness endpoint.
 
 **What we own here, and why.** kopf's own reconcile model is a handler per cause (create, update,
 resume), each retried on `kopf.TemporaryError`, with a diff-base kept per object and timers per object.
