@@ -2,9 +2,12 @@
 
 `configure()` is the one place that changes kopf settings (each with why); everything it creates
 goes into memo as one `OperatorState`. `shutdown()` stops the servers and closes the client.
+It also tunes Python's cyclic garbage collector (`tune_gc`) for a process that decodes thousands of
+watch events a minute.
 """
 
 import asyncio
+import gc
 import logging
 from functools import partial
 from typing import Any
@@ -38,6 +41,24 @@ class NoDiffBase(kopf.DiffBaseStorage):
 
     def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
         return None
+
+
+GC_YOUNG_THRESHOLD = 20_000
+"""Allocations between two collections of the youngest generation (Python's default: 700). Each watch event is
+decoded into a few hundred dicts and lists that mostly die by reference counting; at 700 the collector ran
+about once per event and moved the survivors of the moment into the older generations, whose collections then
+walked them again, all of the process's objects in a full collection. In a 100-job burst the collector took
+0.34 s of the operator's ~2.4 s of CPU (0.19 s in two full collections), 0.17 s with this threshold after
+`gc.freeze` (bench/operator/README.md, "One callback per child event")."""
+
+
+def tune_gc() -> None:
+    """Once the operator has started: what exists now (modules, kopf's registry, the client) lives as long as the
+    process, so the collector stops walking it (`gc.freeze`), and the youngest generation is collected less often
+    (`GC_YOUNG_THRESHOLD`; the older generations keep their default ratios)."""
+    _, middle, old = gc.get_threshold()
+    gc.freeze()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, middle, old)
 
 
 def _settings(settings: kopf.OperatorSettings) -> None:
@@ -90,6 +111,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: ko
             await reconcile_job(state, key, reread=reread)
 
     state.background.append(asyncio.create_task(state.wakeups.run(wake)))
+    tune_gc()
     logger.info("progress endpoint on :%s (HTTPS), metrics on :%s", config.progress_port, config.metrics_port)
 
 
