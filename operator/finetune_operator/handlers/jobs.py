@@ -24,9 +24,6 @@ round must read it. kopf does not call index functions for deletions, so a delet
 fraction of a call).
 """
 
-import asyncio
-import logging
-from collections.abc import Callable
 from typing import Any
 
 import kopf
@@ -44,10 +41,9 @@ from finetune_operator.handlers.indexes import (
 )
 from finetune_operator.handlers.reconciling import capture_indexes, reconcile_job
 from finetune_operator.handlers.state import OperatorState
-from finetune_operator.runtime import Key, Triggers
+from finetune_operator.runtime import Key, Triggers, detach
 
 FTJ = (constants.GROUP, constants.VERSION, constants.PLURAL)
-log = logging.getLogger(__name__)
 
 
 def _state(memo: kopf.Memo) -> OperatorState:
@@ -76,26 +72,12 @@ async def finetunejob_event(type: str | None, body: kopf.Body, memo: kopf.Memo, 
         await reconcile_job(state, key, urgent=True)
 
 
-def _finished(state: OperatorState) -> "Callable[[asyncio.Task[None]], None]":
-    """Forget a finished triggered round and log a failure (the work queue catches a round's own errors)."""
-
-    def done(task: "asyncio.Task[None]") -> None:
-        state.triggered.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("%s: reconcile failed", task.get_name(), exc_info=task.exception())
-
-    return done
-
-
 def _soon(state: OperatorState, key: Key) -> None:
     """A round of `key` in a task of its own, once the operator is indexed (before that, the first-sighting
     round of every FineTuneJob, which kopf runs only after all indexes are filled, reads the child anyway).
     A task, not an await: kopf stores the index function's answer when it returns, and the round reads it."""
-    if not state.indexed:
-        return
-    task = asyncio.get_running_loop().create_task(reconcile_job(state, key), name=f"child event {key[0]}/{key[1]}")
-    state.triggered.add(task)
-    task.add_done_callback(_finished(state))
+    if state.indexed:
+        detach(state.triggered, reconcile_job(state, key), f"child event reconcile of {key[0]}/{key[1]}")
 
 
 @kopf.index("batch", "v1", "jobs", labels=CHILD_LABELS)

@@ -29,6 +29,7 @@ CPU and the ratio is one of total CPU (bench/operator/README.md has the runs and
 * `triggers.Triggers`, `triggers.ChildTriggers`: which events call for a round (our own status writes do
   not, nor a child's event that changes nothing the round reads of it).
 * `peering.PeeringGate`: kopf's peering rule applied to our own tasks (kopf pauses only its handlers).
+* `tasks.detach`: a round in a task of its own (wake-ups, a child's index function), held until it ends.
 * `errors.RetryLaterError`: a round's "try again in N seconds", caught by the work queue.
 
 The runtime knows nothing of FineTuneJobs beyond their (namespace, name) key and metadata: it neither
@@ -41,6 +42,7 @@ from finetune_operator.runtime.errors import RetryLaterError
 from finetune_operator.runtime.keys import Key
 from finetune_operator.runtime.peering import PeeringGate, outranked
 from finetune_operator.runtime.queueing import WorkQueue
+from finetune_operator.runtime.tasks import detach
 from finetune_operator.runtime.triggers import ChildTriggers, Signature, Triggers
 from finetune_operator.runtime.wakeups import Wakeups
 
@@ -54,5 +56,6 @@ __all__ = [
     "Triggers",
     "Wakeups",
     "WorkQueue",
+    "detach",
     "outranked",
 ]

@@ -12,31 +12,19 @@ operator is down).
 
 import asyncio
 import heapq
-import logging
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
 from finetune_operator.runtime.keys import Key
+from finetune_operator.runtime.tasks import detach
 
-log = logging.getLogger(__name__)
 MIN_DELAY = 0.2  # clock-skew floor, so a deadline is never checked a hair too early in a tight loop
 
 
 Callback = Callable[[Key, bool], Coroutine[Any, Any, None]]
 """What a due wake-up calls: (key, reread: GET the job first instead of trusting the watch)."""
-
-
-def _finished(running: "set[asyncio.Task[None]]", key: Key) -> Callable[["asyncio.Task[None]"], None]:
-    """Forget a finished wake-up task and log its failure (a failed wake-up must not stop the others)."""
-
-    def done(task: "asyncio.Task[None]") -> None:
-        running.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("wake-up reconcile of %s/%s failed", *key, exc_info=task.exception())
-
-    return done
 
 
 @dataclass
@@ -68,11 +56,7 @@ class Wakeups:
                 if planned is None or planned[0] != due:
                     continue  # superseded by an earlier wake-up that already ran
                 del earliest[key]
-                # In its own task: one slow reconcile (a saturated API server) must not hold every other
-                # job's wake-up behind it. The work queue serializes per job, so concurrency is safe.
-                task = asyncio.create_task(callback(key, planned[1]), name=f"wakeup {key[0]}/{key[1]}")
-                running.add(task)
-                task.add_done_callback(_finished(running, key))
+                detach(running, callback(key, planned[1]), f"wake-up reconcile of {key[0]}/{key[1]}")
                 continue
             if key not in earliest or due < earliest[key][0]:
                 earliest[key] = (due, reread)
