@@ -68,8 +68,8 @@ FP8_MIN_CAPABILITY = (8, 9)
 BF16_EDGE_LAYERS = 1
 """Decoder layers at each end of the stack whose linears stay bf16 (as Megatron-Core's `--first-last-layers-bf16`):
 the first layer sees the raw embeddings and the last feeds the loss, where FP8 rounding is least diluted. Measured at
-8B (200 LoRA steps of learnable rows, one H200): every layer in FP8 ended 1.05% above bf16's eval loss, this 0.01%,
-at the same speed (16,029 and 16,390 tokens/s: within run-to-run spread)."""
+8B (200 LoRA steps of learnable rows, one H200): every layer in FP8 ended 1.05% above bf16's eval loss, this
+0.01-0.09% (two runs), at the same speed (16,029 and 16,390 tokens/s: within run-to-run spread)."""
 
 
 def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
