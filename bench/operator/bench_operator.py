@@ -46,7 +46,7 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 # Resources whose requests are background noise of the fake cluster, not of anyone creating jobs.
 NOISE = {"leases", "nodes"}
 WATCH_EVENTS_MIN = 0.1  # per job: below it, a resource's watch events are the bookmarks of idle watches
-WATCH_METRICS = (("apiserver_watch_events_total{", "events"), ("apiserver_watch_events_sizes_sum{", "bytes"))
+WATCH_METRICS = (("apiserver_watch_events_total", "events"), ("apiserver_watch_events_sizes_sum", "bytes"))
 GPUS_PER_NODE = 8
 PY_SPY = Path(sys.executable).parent / "py-spy"
 GOAL_RATIO = 1.3  # the burst goal: operator create -> all pods <= 1.3x the floor's, at every N, run after run
@@ -72,6 +72,16 @@ def pct(values: list[float], q: float) -> float:
 def nodes_for(jobs: int, gpus_per_pod: int) -> int:
     """Fewest 8-GPU nodes that hold every pod of `jobs` two-node jobs (the target shape: 250 for 1,000 x 2 x 1 GPU)."""
     return max(4, -(-2 * jobs * gpus_per_pod // GPUS_PER_NODE))
+
+
+def metric_sums(text: str, metric: str, *labels: str) -> Counter[tuple[str, ...]]:
+    """One Prometheus counter of a /metrics text, summed per the values of `labels`."""
+    out: Counter[tuple[str, ...]] = Counter()
+    for line in text.splitlines():
+        if line.startswith(metric + "{"):
+            found = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}")[0]))
+            out[tuple(found.get(label, "") for label in labels)] += float(line.rsplit(" ", 1)[1])
+    return out
 
 
 class Bench:
@@ -157,30 +167,19 @@ class Bench:
             time.sleep(1)
         log(f"namespace {name} still has content after {wait:.0f}s")
 
-    def request_counts(self) -> Counter[tuple[str, str]]:
-        """apiserver_request_total summed per (verb, resource)."""
-        text = self.kubectl("get", "--raw", "/metrics")
-        out: Counter[tuple[str, str]] = Counter()
-        for line in text.splitlines():
-            if not line.startswith("apiserver_request_total{"):
-                continue
-            labels = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}")[0]))
-            out[(labels.get("verb", ""), labels.get("resource", ""))] += float(line.rsplit(" ", 1)[1])
-        return out
-
-    def watch_counts(self) -> Counter[tuple[str, str]]:
-        """Watch events the API server has sent so far, all watchers together: (resource, "events") and
-        (resource, "bytes"), from `apiserver_watch_events_total` and `apiserver_watch_events_sizes_sum`. Both runs
+    def api_counts(self) -> tuple[Counter[tuple[str, ...]], Counter[tuple[str, str]]]:
+        """From one scrape of the API server's /metrics: requests so far per (verb, resource)
+        (`apiserver_request_total`), and watch events and bytes sent so far per (resource, "events" | "bytes"),
+        all watchers together (`apiserver_watch_events_total`, `apiserver_watch_events_sizes_sum`). Both runs
         have the same other watchers (controllers, scheduler, KWOK, this client's pod and Job watches), so the
-        operator run's count less the floor's is about what the operator's watches received (and decoded)."""
+        operator run's watch count less the floor's is about what the operator's watches received (and decoded)."""
         text = self.kubectl("get", "--raw", "/metrics")
-        out: Counter[tuple[str, str]] = Counter()
-        for line in text.splitlines():
-            for metric, what in WATCH_METRICS:
-                if line.startswith(metric):
-                    labels = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}")[0]))
-                    out[(labels.get("resource", ""), what)] += float(line.rsplit(" ", 1)[1])
-        return out
+        requests = metric_sums(text, "apiserver_request_total", "verb", "resource")
+        watches: Counter[tuple[str, str]] = Counter()
+        for metric, what in WATCH_METRICS:
+            for (resource,), value in metric_sums(text, metric, "resource").items():
+                watches[(resource, what)] += value
+        return requests, watches
 
     @staticmethod
     def watch_delta(before: Counter[tuple[str, str]], after: Counter[tuple[str, str]], n: int) -> dict[str, Any]:
@@ -527,7 +526,7 @@ class Bench:
             "jobs": rows,
         }
 
-    def _requests(self, before: Counter[tuple[str, str]], after: Counter[tuple[str, str]]) -> dict[str, Any]:
+    def _requests(self, before: Counter[tuple[str, ...]], after: Counter[tuple[str, ...]]) -> dict[str, Any]:
         delta = {k: after[k] - before.get(k, 0) for k in after if after[k] - before.get(k, 0) > 0}
         total = sum(delta.values())
         no_noise = sum(v for (verb, res), v in delta.items() if res not in NOISE)
@@ -548,8 +547,7 @@ class Bench:
         load = os.getloadavg()
         spy = self.start_profiler(op.pid, workdir / f"profile-burst-{n}.txt") if self.profile else None
         cpu0 = self.cpu_seconds(op.pid)
-        req0 = self.request_counts()
-        watch0 = self.watch_counts()
+        req0, watch0 = self.api_counts()
         comp0 = self.component_cpu(op.pid)
         jq0 = self.job_controller_queue()
         t0 = time.monotonic()
@@ -563,8 +561,7 @@ class Bench:
         rounds_pods = self.operator_rounds()
         comp1 = self.component_cpu(op.pid)
         jq1 = self.job_controller_queue()
-        req1 = self.request_counts()
-        watch1 = self.watch_counts()
+        req1, watch1 = self.api_counts()
         # then until every job reports Running (status writes are the operator's too)
         deadline = time.monotonic() + timeout
         t_running = None
@@ -576,7 +573,7 @@ class Bench:
             time.sleep(0.5)
         cpu_running = self.cpu_seconds(op.pid) - cpu0
         rounds_running = self.operator_rounds()
-        req2 = self.request_counts()
+        req2, _ = self.api_counts()
         rss = self.peak_rss_mib(op.pid)
         stop.set()
         profile = self.stop_profiler(spy, workdir / f"profile-burst-{n}.txt") if spy else None
@@ -619,8 +616,7 @@ class Bench:
         self.watch_jobs(ns, jobs_seen, stop)
         time.sleep(3)
         load = os.getloadavg()
-        req0 = self.request_counts()
-        watch0 = self.watch_counts()
+        req0, watch0 = self.api_counts()
         comp0 = self.component_cpu()
         jq0 = self.job_controller_queue()
         t0 = time.monotonic()
@@ -637,8 +633,7 @@ class Bench:
         t_pods = self._wait_pods(seen, 2 * n, t0, timeout)
         comp1 = self.component_cpu()
         jq1 = self.job_controller_queue()
-        req1 = self.request_counts()
-        watch1 = self.watch_counts()
+        req1, watch1 = self.api_counts()
         stop.set()
         self.delete_namespace(ns, wait=600)
         return {
