@@ -4,7 +4,8 @@
 #   bash bench/gpu_call.sh BUDGET_SECONDS "PLAN_ARGS" [MODELS]      e.g.  bash bench/gpu_call.sh 560 "--plan perf" 8b
 # MODELS: comma list of 8b, small70b (a 70B-shaped model with few layers), ln360 (documents of lognormal lengths,
 # median 360 tokens), arith (learnable rows of additions + a test split), 70b-fp8 (the 70B shape stored in fp8, with
-# a 32k-vocabulary dataset), none - built on the last GPU in the background
+# a 32k-vocabulary dataset), 70b-nf4 (the 70B shape stored 4-bit as the seed recipe's QLoRA quantizes it, 37 GB,
+# with the 32k-vocabulary dataset), none - built on the last GPU in the background
 # while the matmul ceiling and versions are taken on GPU 0. Everything lands in $OUT.
 set -u
 T0=$(date +%s)
@@ -25,6 +26,8 @@ LAST=$((NG - 1))
       8b) CUDA_VISIBLE_DEVICES=$LAST python3 bench/make_models.py model --shape llama3-8b --out /tmp/bench/models/llama3-8b --device cuda:0 ;;
       small70b) CUDA_VISIBLE_DEVICES=$LAST python3 bench/make_models.py model --shape llama2-70b --layers-override 8 --out /tmp/bench/models/llama2-70b-8l --device cuda:0 ;;
       70b-fp8) CUDA_VISIBLE_DEVICES=$LAST python3 bench/make_models.py model --shape llama2-70b --fp8-storage --out /tmp/bench/models/llama2-70b-fp8 --device cuda:0
+               python3 bench/make_models.py data --out /tmp/bench/data/rand2048_v32k --rows 160 --row-len 2048 --vocab 32000 ;;
+      70b-nf4) CUDA_VISIBLE_DEVICES=$LAST python3 bench/make_models.py model --shape llama2-70b --nf4-storage --out /tmp/bench/models/llama2-70b-nf4 --device cuda:0
                python3 bench/make_models.py data --out /tmp/bench/data/rand2048_v32k --rows 160 --row-len 2048 --vocab 32000 ;;
       ln360) python3 bench/make_models.py data --out /tmp/bench/data/lognormal360 --rows 6000 --row-len 2048 --lognormal-median 360 ;;
       arith) python3 bench/make_models.py data --out /tmp/bench/data/arith2048 --rows 1000 --row-len 2048 --arithmetic --eval-rows 32 ;;

@@ -11,8 +11,12 @@ data:  train.jsonl rows {"content": "w17 w90211 ..."} of exactly --row-len token
        69 GB on disk instead of 138 (the 2x H200 host had 128 GiB of free disk); `from_pretrained(dtype=bfloat16)`
        casts it back on load, and QLoRA quantizes the cast values. Tensors are drawn one at a time on --device, never the
        whole model: written shard by shard (5 GB), with a safetensors index.
+       --nf4-storage: every linear weight of the decoder layers stored as the seed recipe's QLoRA loading would
+       quantize it (`nf4_encoding`), with that quantization config in config.json, so `from_pretrained` with the
+       recipe's BitsAndBytesConfig loads the 4-bit weights as stored: a 70B-shaped checkpoint is 37 GB (the one-GPU
+       host has 64 GiB of disk). Needs bitsandbytes; built on --device like the fp8 one.
 
-usage: make_models.py model --out DIR [--layers ... shape] [--device cuda:0] [--fp8-storage]
+usage: make_models.py model --out DIR [--layers ... shape] [--device cuda:0] [--fp8-storage | --nf4-storage]
        make_models.py data --out DIR --rows N --row-len 2048 --vocab 128256
 """
 
@@ -22,7 +26,9 @@ import argparse
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 SHAPES = {
     # name: layers, hidden, intermediate, heads, kv_heads, vocab
@@ -83,11 +89,15 @@ def make_model(a: argparse.Namespace) -> None:
     t0 = time.time()
     build_tokenizer(vocab).save_pretrained(out)
     cfg = llama_config(layers, hidden, inter, heads, kv, vocab)
-    if a.fp8_storage:
-        n = make_model_fp8(a, out, cfg, vocab)
+    if a.fp8_storage or a.nf4_storage:
+        if a.nf4_storage:
+            from seed.seed_baseline import guide_bnb_config
+
+            cfg.quantization_config = guide_bnb_config()  # what from_pretrained reads back: no second quantization
+        n = make_model_random(a, out, cfg, nf4_encoding if a.nf4_storage else fp8_encoding)
         (out / "bench_shape.json").write_text(json.dumps(
             dict(layers=layers, hidden=hidden, intermediate=inter, heads=heads, kv_heads=kv, vocab=vocab,
-                 num_parameters=n, storage="float8_e4m3fn")))
+                 num_parameters=n, storage="nf4" if a.nf4_storage else "float8_e4m3fn")))
         (out / ".complete").write_text("ok\n")
         return
     torch.manual_seed(0)
@@ -104,19 +114,27 @@ def make_model(a: argparse.Namespace) -> None:
     print(f"{out}: {n / 1e9:.3f}B params, built {t1 - t0:.1f}s, saved {t2 - t1:.1f}s", flush=True)
 
 
-def make_model_fp8(a: argparse.Namespace, out: Path, cfg, vocab: int) -> int:
+Encoding = Callable[[str, Any], dict[str, Any]]
+"""How one random bf16 tensor is stored: (state-dict name, tensor) -> the tensors written for it."""
+
+
+def make_model_random(a: argparse.Namespace, out: Path, cfg, encode: Encoding) -> int:
+    """Write `cfg`'s model with random weights (2-D: normal, std 0.02; norms: ones) as safetensors shards (5 GB)
+    with an index, drawing one tensor at a time on --device and passing it through `encode` (name, bf16 tensor)
+    -> the tensors stored for it. Returns the number of parameters."""
     import torch
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM
 
     t0 = time.time()
+    out.mkdir(parents=True, exist_ok=True)
     with torch.device("meta"):
         meta = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
     gen = torch.Generator(device=a.device).manual_seed(0)
     shard: dict[str, torch.Tensor] = {}
     weight_map: dict[str, str] = {}
     files: list[list[str]] = []
-    total = n = 0
+    total = n = size = 0
 
     def flush() -> None:
         name = f"model-{len(files) + 1:05d}.safetensors"
@@ -126,17 +144,16 @@ def make_model_fp8(a: argparse.Namespace, out: Path, cfg, vocab: int) -> int:
             weight_map[k] = name
         shard.clear()
 
-    size = 0
     for key, p in meta.state_dict().items():
         if p.dim() == 1:  # RMSNorm weights: ones, as the model initialises them
-            t = torch.ones(p.shape, dtype=torch.bfloat16, device=a.device)
+            stored = {key: torch.ones(p.shape, dtype=torch.bfloat16, device=a.device)}
         else:
-            t = (torch.randn(p.shape, generator=gen, device=a.device, dtype=torch.bfloat16) * 0.02).to(
-                torch.float8_e4m3fn)
-        shard[key] = t
-        size += t.numel() * t.element_size()
-        total += t.numel() * t.element_size()
-        n += t.numel()
+            stored = encode(key, torch.randn(p.shape, generator=gen, device=a.device, dtype=torch.bfloat16) * 0.02)
+        n += p.numel()
+        for k, t in stored.items():
+            shard[k] = t
+            size += t.numel() * t.element_size()
+            total += t.numel() * t.element_size()
         if size >= 5 * 10**9:
             flush()
             size = 0
@@ -146,9 +163,33 @@ def make_model_fp8(a: argparse.Namespace, out: Path, cfg, vocab: int) -> int:
         json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
     cfg.dtype = "bfloat16"
     cfg.save_pretrained(out)
-    print(f"{out}: {n / 1e9:.3f}B params as fp8, {total / 1e9:.1f} GB in {len(files)} shards, {time.time() - t0:.1f}s",
+    print(f"{out}: {n / 1e9:.3f}B params, {total / 1e9:.1f} GB in {len(files)} shards, {time.time() - t0:.1f}s",
           flush=True)
     return n
+
+
+def fp8_encoding(key: str, weight: Any) -> dict[str, Any]:
+    """--fp8-storage: the weight as float8_e4m3fn (cast back to bf16 by `from_pretrained(dtype=bfloat16)`)."""
+    import torch
+
+    return {key: weight.to(torch.float8_e4m3fn)}
+
+
+def nf4_encoding(key: str, weight: Any) -> dict[str, Any]:
+    """--nf4-storage: a linear layer's weight quantized as the seed recipe's BitsAndBytesConfig quantizes it while
+    loading (nf4, blocks of 64, nested absmax, bf16 storage; `seed.seed_baseline.guide_bnb_config`), in
+    bitsandbytes' serialized form (the packed weight plus `weight.absmax`, `weight.quant_map`, ... as a quantized
+    model's `save_pretrained` writes them). The embeddings and the LM head stay bf16: transformers does not
+    quantize them."""
+    import torch
+    from bitsandbytes.functional import quantize_4bit
+
+    if not key.endswith("_proj.weight"):
+        return {key: weight}
+    packed, state = quantize_4bit(weight, blocksize=64, compress_statistics=True, quant_type="nf4",
+                                  quant_storage=torch.bfloat16)
+    prefix = key.removesuffix("weight")
+    return {key: packed, **{f"{prefix}weight.{k}": v for k, v in state.as_dict(packed=True).items()}}
 
 
 ARITH_DIGIT, ARITH_PLUS, ARITH_EQUALS, ARITH_END = 10, 20, 21, 22  # token ids: digits d -> w(10 + d), "+", "=", ";"
@@ -217,6 +258,7 @@ def main() -> None:
     m.add_argument("--vocab", type=int, default=128256)
     m.add_argument("--device", default="cuda:0")
     m.add_argument("--fp8-storage", action="store_true")
+    m.add_argument("--nf4-storage", action="store_true")
     d = sub.add_parser("data")
     d.add_argument("--out", required=True)
     d.add_argument("--rows", type=int, default=128)

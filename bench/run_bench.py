@@ -384,7 +384,33 @@ def plan_fp8edges() -> list[dict]:
     return [stall, quality_job("q_fp8_edges1", "fp8", env={"FTJOB_BENCH_FP8_EDGES": "1"})]
 
 
-PLANS = {"fp8edges": plan_fp8edges, "fast1g": plan_fast1g, "fp8": plan_fp8, "fp8stall": plan_fp8stall, "auto1g": plan_auto1g, "stalls": plan_stalls, "q70mem": plan_q70mem, "q70": plan_q70, "release": plan_release, "big70": plan_big70, "integrated": plan_integrated, "perf": plan_perf, "final": plan_final, "last": plan_last, "memory": plan_memory, "cpu-smoke": plan_cpu_smoke}
+NF4_70B = "llama2-70b-nf4"  # make_models.py --nf4-storage: the 70B shape stored as the recipe's QLoRA quantizes it
+DATA_V32K = {"dataset": {"name": str(DATA / "rand2048_v32k")}}
+
+
+def seed_q70(name: str) -> dict:
+    """The seed recipe's QLoRA job on one GPU: the guide's QLoRA loading (`--qlora`: its BitsAndBytesConfig,
+    reentrant checkpointing) under the ZeRO-3 accelerate config, 2 x 2048 tokens per step as the guide's command
+    (without its accumulation of 2: the recipe's configs here fix DeepSpeed's accumulation at 1)."""
+    args = ["--model-path", str(MODELS / NF4_70B), "--qlora", "--bsz", "2", "--steps", "6", "--measure", "4"]
+    return seed_job(name, "zero3", args, minimum=170, limit=260, gpus="0", procs=1)
+
+
+def ours_q70(name: str, batch: int) -> dict:
+    """Our default job on the same checkpoint and rows: QLoRA as the recipe sets it, nothing else but the batch;
+    the planner picks the strategy (one GPU: no ZeRO) and how many layers to checkpoint."""
+    spec = {"spec": {**DATA_V32K, "model": {"quantization": QLORA}, "training": {"perDeviceTrainBatchSize": batch}}}
+    return default_job(name, steps=8, minimum=110, limit=220, model=NF4_70B, shape=SHAPE_70B, extra=spec,
+                       note=f"1 GPU, 70B QLoRA default job, {batch} x 2048 tokens per step, checkpointing auto")
+
+
+def plan_q70_1g() -> list[dict]:
+    """One GPU, 70B QLoRA: the seed recipe's QLoRA job, then ours at the recipe's 2 x 2048 tokens per step (the
+    planner checkpoints some layers) and at 1 x 2048 (none), then the recipe again if the budget allows."""
+    return [seed_q70("S_q70_1g"), ours_q70("ours_q70_b2", 2), ours_q70("ours_q70_b1", 1), seed_q70("S_q70_1g_rep2")]
+
+
+PLANS = {"q70_1g": plan_q70_1g, "fp8edges": plan_fp8edges, "fast1g": plan_fast1g, "fp8": plan_fp8, "fp8stall": plan_fp8stall, "auto1g": plan_auto1g, "stalls": plan_stalls, "q70mem": plan_q70mem, "q70": plan_q70, "release": plan_release, "big70": plan_big70, "integrated": plan_integrated, "perf": plan_perf, "final": plan_final, "last": plan_last, "memory": plan_memory, "cpu-smoke": plan_cpu_smoke}
 
 
 class Runner:
