@@ -437,3 +437,19 @@ def only_starting(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
     ]
     return conditions == [("Created", "True")]
 
+
+STARTED_CONDITIONS = frozenset({("Created", "True"), ("PodsHealthy", "True"), ("Running", "True")})
+"""The conditions of a first attempt that started and is well: created, its pods healthy, running."""
+
+
+def only_started(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    """A new job's first attempt starting with nothing wrong: nothing written yet, or no more than "Pending, pods
+    starting" (`only_starting`), and now Pending or Running on attempt 1 with only `STARTED_CONDITIONS`. Such a
+    write may wait for the end of a burst of new jobs (`runtime.Burst`): no child waits for it, and in a burst
+    it competes with the other jobs' creates at the API server. Anything else (a pod problem, a failure, a
+    restart, waiting for admission) is news."""
+    if old.get("phase") and not only_starting({}, old):
+        return False
+    if new.get("phase") not in ("Pending", "Running") or new.get("attempt") != 1:
+        return False
+    return all((c.get("type"), c.get("status")) in STARTED_CONDITIONS for c in new.get("conditions") or [])

@@ -12,7 +12,7 @@ import pytest
 from finetune_operator.handlers.indexes import owned_job
 from finetune_operator.handlers.kube import Created
 from finetune_operator.handlers.reconciling import _apply
-from finetune_operator.runtime import ChildTriggers
+from finetune_operator.runtime import Burst, ChildTriggers
 
 
 class FakeKube:
@@ -36,7 +36,7 @@ DEMO: Any = SimpleNamespace(namespace="ns", name="demo")
 
 
 def _state(kube: Any) -> Any:
-    return SimpleNamespace(kube=kube, children=ChildTriggers())
+    return SimpleNamespace(kube=kube, children=ChildTriggers(), burst=Burst())
 
 
 def _actions() -> Any:

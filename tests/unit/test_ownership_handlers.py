@@ -13,7 +13,7 @@ from finetune_operator.handlers.kube import Created, Existing, FieldConflictErro
 from finetune_operator.handlers.reconciling import ChildConflictError, _apply, _undo
 from finetune_operator.reconcile import Actions, reconcile
 from finetune_operator.render import RenderOptions
-from finetune_operator.runtime import ChildTriggers, RetryLaterError
+from finetune_operator.runtime import Burst, ChildTriggers, RetryLaterError
 from finetune_operator.status import AttemptObserved, Observed
 from tests.unit.test_ownership import NOW, ftj, ref
 
@@ -53,14 +53,14 @@ def new_job_actions() -> Actions:
 def run(kube: RecordingKube, actions: Actions) -> list[Created]:
     """A round's apply that succeeds: what it created."""
     created: list[Created] = []
-    asyncio.run(_apply(SimpleNamespace(kube=kube, children=ChildTriggers()), JOB, actions, created))
+    asyncio.run(_apply(SimpleNamespace(kube=kube, children=ChildTriggers(), burst=Burst()), JOB, actions, created))
     return created
 
 
 def apply_and_roll_back(kube: RecordingKube, actions: Actions) -> Exception:
     """What `_reconcile_once` does: apply, and on a conflict undo what was created."""
     created: list[Created] = []
-    state = SimpleNamespace(kube=kube, children=ChildTriggers())
+    state = SimpleNamespace(kube=kube, children=ChildTriggers(), burst=Burst())
     with pytest.raises((ChildConflictError, RetryLaterError)) as raised:
         asyncio.run(_apply(state, JOB, actions, created))
     if isinstance(raised.value, ChildConflictError):

@@ -8,9 +8,10 @@ import kopf
 import pytest
 
 from finetune_operator.handlers import jobs
-from finetune_operator.handlers.indexes import owned_job, owned_pod, pod_trigger
+from finetune_operator.handlers.indexes import owned_job, owned_pod, pod_trigger, routine
 from finetune_operator.handlers.state import OperatorConfig, OperatorState
 from finetune_operator.runtime import Bodies, ChildTriggers, Triggers
+from finetune_operator.runtime.burst import BURST_JOBS
 
 
 def _body(
@@ -203,3 +204,34 @@ def test_an_attempt_jobs_change_is_a_round_and_its_deletion_too(monkeypatch: pyt
 
 def test_kopf_calls_the_deletion_handler_for_deletions_only() -> None:
     assert jobs._deleted(type="DELETED") and not jobs._deleted(type="MODIFIED") and not jobs._deleted(type=None)
+
+
+def test_in_a_burst_a_new_jobs_routine_child_change_waits_for_its_end(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pod running well, of a job that is itself new (nothing written yet), is held for the burst's end (one
+    round then); a failed pod is a round at once, and so is any change of a job whose status says more."""
+    state, rounds = _rounds(monkeypatch)
+    state.indexed = True
+    for _ in range(BURST_JOBS):
+        state.burst.created()
+    running = _waiting_pod("n1") | {"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}
+    _pod_event(state, running)
+    assert rounds == [] and list(state.burst.held) == [("ns", "a")]
+    _pod_event(state, running | {"status": {"phase": "Failed"}})
+    assert rounds == [("ns", "a")]
+    state.burst.forget(("ns", "a"))
+    state.bodies.offer(("ns", "a"), {"metadata": {"resourceVersion": "5"}, "status": {"phase": "Running"}})
+    _pod_event(state, running)
+    assert rounds == [("ns", "a")] * 2 and state.burst.held == {}  # an older job: news at once
+
+
+def test_routine_child_changes() -> None:
+    assert routine(owned_pod(_pod())) and routine(owned_pod(_waiting_pod("n1")))
+    assert not routine(owned_pod(_pod(phase="Failed")))
+    unschedulable = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/4 nodes"}]
+    assert not routine(owned_pod(_waiting_pod(None, unschedulable)))
+    assert routine(owned_job(_job(active=2)))
+    failed = [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}]
+    assert not routine(owned_job(_job(conditions=failed)))
+    suspended = _job()
+    suspended["spec"] = {"suspend": True}
+    assert not routine(owned_job(suspended))

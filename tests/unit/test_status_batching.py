@@ -1,7 +1,8 @@
 """Status writes: news (phase, attempt, conditions) at once; a ready count that moves waits a second for a
 wake-up (and is written at most once a second), so a burst of pod events costs one write, not one per pod.
 A new job's first "Pending, pods starting" waits up to two seconds, with its event: Running, when it comes
-meanwhile, is then the job's first status write and its only event."""
+meanwhile, is then the job's first status write and its only event. During a burst of new jobs a new job's start
+(and a ready count) waits for the burst's end; news does not."""
 
 import asyncio
 import time
@@ -12,6 +13,7 @@ from finetune_api.v1alpha1.status import FineTuneJobStatus
 from finetune_operator.handlers import reconciling
 from finetune_operator.handlers.reconciling import STARTING_STATUS_SECONDS
 from finetune_operator.handlers.state import OperatorConfig, OperatorState
+from finetune_operator.runtime.burst import BURST_JOBS
 from finetune_operator.status import Transition
 
 
@@ -138,3 +140,49 @@ def test_a_new_jobs_first_status_with_news_is_written_at_once() -> None:
     for status in (stuck, waiting):
         kube, _ = asyncio.run(_rounds([(status, STARTING)]))
         assert [p["phase"] for p in kube.patches] == ["Pending"] and kube.events == ["PodsStarting"]
+
+
+def _in_a_burst(state: OperatorState) -> None:
+    for _ in range(BURST_JOBS):
+        state.burst.created()
+
+
+async def _burst_rounds(
+    steps: list[tuple[FineTuneJobStatus, Transition]], over: bool
+) -> tuple[FakeKube, OperatorState]:
+    """Rounds of one new job during a burst of new jobs; `over`: the burst ends before the last round."""
+    kube = FakeKube()
+    state = OperatorState(config=OperatorConfig(image="t"), kube=kube)  # type: ignore[arg-type]
+    _in_a_burst(state)
+    job = SimpleNamespace(namespace="ns", name="demo")
+    for i, (status, transition) in enumerate(steps):
+        if over and i == len(steps) - 1:
+            state.burst.until = time.monotonic()
+        body = {"metadata": {"namespace": "ns", "name": "demo"}, "status": {}}
+        actions: Any = SimpleNamespace(status=status, transitions=[transition])
+        await reconciling._write_status(state, body, job, actions)  # type: ignore[arg-type]
+    return kube, state
+
+
+def test_in_a_burst_a_new_jobs_first_running_waits_for_its_end_with_its_event() -> None:
+    running = _with(_status("Running", 2), ("Created", "True"), ("PodsHealthy", "True"), ("Running", "True"))
+    kube, state = asyncio.run(_burst_rounds([(running, READY)], over=False))
+    assert kube.patches == [] and kube.events == []
+    assert list(state.burst.held) == [("ns", "demo")] and state.wakeups.inbox.empty()  # the burst releases it
+    kube, state = asyncio.run(_burst_rounds([(running, READY), (running, READY)], over=True))
+    assert [p["phase"] for p in kube.patches] == ["Running"] and kube.events == ["AllNodesReady"]
+    assert state.burst.held == {}
+
+
+def test_in_a_burst_news_is_written_at_once() -> None:
+    stuck = _with(_status("Pending", 0), ("Created", "True"), ("PodsHealthy", "False"))
+    failed = _with(_status("Failed", 0), ("Created", "True"), ("Failed", "True"))
+    for status in (stuck, failed):
+        kube, state = asyncio.run(_burst_rounds([(status, STARTING)], over=False))
+        assert [p["phase"] for p in kube.patches] == [status.phase] and state.burst.held == {}
+
+
+def test_without_a_burst_a_new_jobs_first_running_is_written_at_once() -> None:
+    running = _with(_status("Running", 2), ("Created", "True"), ("Running", "True"))
+    kube, state = asyncio.run(_rounds([(running, READY)]))
+    assert [p["phase"] for p in kube.patches] == ["Running"] and state.burst.held == {}

@@ -86,7 +86,7 @@ def _settings(settings: kopf.OperatorSettings) -> None:
 
 @kopf.on.startup(id="configure")
 async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
-    """Once at start: settings, client, progress endpoint (HTTPS), /metrics and the wake-up task."""
+    """Once at start: settings, client, progress endpoint (HTTPS), /metrics, the wake-up and burst tasks."""
     _settings(settings)
     config: OperatorConfig = memo["config"]
     state = OperatorState(config=config, kube=await Kube.connect())
@@ -111,6 +111,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: ko
             await reconcile_job(state, key, reread=reread)
 
     state.background.append(asyncio.create_task(state.wakeups.run(wake)))
+    # A status write held for a burst's end is written by a wake-up of its job's round once released.
+    state.background.append(asyncio.create_task(state.burst.run(lambda key: state.wakeups.schedule(key, 0))))
     tune_gc()
     logger.info("progress endpoint on :%s (HTTPS), metrics on :%s", config.progress_port, config.metrics_port)
 

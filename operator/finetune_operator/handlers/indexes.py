@@ -157,6 +157,21 @@ def waiting_arrival(owned: Owned) -> bool:
     return value.phase == "Pending" and value.node is None and value.problem is None and not value.deleting
 
 
+def routine(owned: Owned) -> bool:
+    """A child's change that a new job's round would only turn into a status that may wait (a start, a ready
+    count): a pod on its way or running with no problem, not ended and not going; an attempt Job that runs (not
+    suspended, finished, failing or going). In a burst of new jobs such a round waits for the burst's end
+    (`handlers/jobs.py`, `runtime.Burst`); any other change is a round at once."""
+    value = owned.value
+    if isinstance(value, PodObserved):
+        healthy = value.problem is None and value.exit_code is None and value.reason is None
+        return value.phase in ("Pending", "Running") and healthy and not value.deleting
+    if isinstance(value, AttemptObserved):
+        ended = value.complete or value.failed or value.failed_reason is not None or value.failing_since is not None
+        return not (value.suspended or value.deleting or ended)
+    return False
+
+
 @kopf.index("", "v1", "configmaps", labels=CHILD_LABELS)
 async def ftj_configmaps(body: kopf.Body, **_: Any) -> dict[Key, Owned]:
     """Rendered config files by FineTuneJob."""

@@ -37,11 +37,13 @@ from finetune_operator.handlers.indexes import (
     owned_job,
     owned_pod,
     pod_trigger,
+    routine,
     waiting_arrival,
 )
 from finetune_operator.handlers.reconciling import capture_indexes, reconcile_job
 from finetune_operator.handlers.state import OperatorState
 from finetune_operator.runtime import Key, Triggers, detach
+from finetune_operator.status import only_starting
 
 FTJ = (constants.GROUP, constants.VERSION, constants.PLURAL)
 
@@ -72,12 +74,27 @@ async def finetunejob_event(type: str | None, body: kopf.Body, memo: kopf.Memo, 
         await reconcile_job(state, key, urgent=True)
 
 
-def _soon(state: OperatorState, key: Key) -> None:
+def _starting(state: OperatorState, key: Key) -> bool:
+    """Whether the job's written status says no more than that it is new: nothing yet, or "Pending, pods
+    starting" (`status.only_starting`)."""
+    status = (state.bodies.get(key) or {}).get("status") or {}
+    return not status.get("phase") or only_starting({}, status)
+
+
+def _soon(state: OperatorState, key: Key, routine: bool = False) -> None:
     """A round of `key` in a task of its own, once the operator is indexed (before that, the first-sighting
     round of every FineTuneJob, which kopf runs only after all indexes are filled, reads the child anyway).
-    A task, not an await: kopf stores the index function's answer when it returns, and the round reads it."""
-    if state.indexed:
-        detach(state.triggered, reconcile_job(state, key), f"child event reconcile of {key[0]}/{key[1]}")
+    A task, not an await: kopf stores the index function's answer when it returns, and the round reads it.
+
+    `routine`: the child's change could only move a new job's status in a way that may wait (`indexes.routine`);
+    during a burst of new jobs the round of a job that is itself new then waits for the burst's end, which
+    releases one round for all of the job's child changes meanwhile (`runtime.Burst`), instead of a round per
+    pod or Job event whose status write would be held anyway."""
+    if not state.indexed:
+        return
+    if routine and _starting(state, key) and state.burst.hold(key):
+        return
+    detach(state.triggered, reconcile_job(state, key), f"child event reconcile of {key[0]}/{key[1]}")
 
 
 @kopf.index("batch", "v1", "jobs", labels=CHILD_LABELS)
@@ -88,7 +105,7 @@ async def ftj_jobs(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> dict[Key,
     owned = owned_job(body)
     key = key_of(body.meta)
     if state.children.changed(owned.uid, owned):
-        _soon(state, key)
+        _soon(state, key, routine(owned))
     return {key: owned}
 
 
@@ -106,7 +123,7 @@ async def ftj_pods(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> dict[Key,
     key = key_of(body.meta)
     arrival = not state.children.knows(owned.uid) and waiting_arrival(owned)
     if state.children.changed(owned.uid, pod_trigger(owned)) and not arrival:
-        _soon(state, key)
+        _soon(state, key, routine(owned))
     return {key: owned}
 
 

@@ -35,6 +35,7 @@ from finetune_operator.status import (
     field_conflict_message,
     name_conflict_message,
     only_details_changed,
+    only_started,
     only_starting,
 )
 
@@ -78,6 +79,7 @@ async def reconcile_job(state: OperatorState, key: Key, reread: bool = False, ur
     if await state.queue.run(key, round_, reread=reread, urgent=urgent):
         state.status_written.pop(key, None)  # the job is gone
         state.details_seen.pop(key, None)
+        state.burst.forget(key)
 
 
 def _entries(state: OperatorState, name: str, key: Key) -> list[Any]:
@@ -168,6 +170,7 @@ async def _apply(state: OperatorState, job: FineTuneJob, actions: Actions, creat
         if await _ensure(state, job, obj, created):
             log.info("[%s/%s] created Job %s", job.namespace, job.name, obj["metadata"]["name"])
             _expect(state, created[-1])
+            state.burst.created()
             if actions.status.attempt == 1:
                 metrics.JOBS_CREATED.labels(job.namespace).inc()
     for name in actions.delete_jobs:
@@ -249,13 +252,21 @@ def _may_wait(old: dict[str, Any], new: dict[str, Any]) -> float:
     return 0.0
 
 
+def _may_hold(old: dict[str, Any], new: dict[str, Any]) -> bool:
+    """Whether a status change may wait for the end of a burst of new jobs (`runtime.Burst`): a detail, or a new
+    job's first attempt starting with nothing wrong (`only_started`: "Pending, pods starting" or its first
+    Running). News is written at once, burst or not."""
+    return only_details_changed(old, new) or only_started(old, new)
+
+
 async def _write_status(state: OperatorState, body: dict[str, Any], job: FineTuneJob, actions: Actions) -> None:
     """Patch only what changed (and never progress/output), then post one event per transition.
 
     A change that may wait (details: `STATUS_BATCH_SECONDS`; a new job's first status: `STARTING_STATUS_SECONDS`)
     is left to a wake-up, or to an earlier round with news; its transitions wait with it: they are taken against
     the written status, so the round that writes announces them (or the ones that replaced them: AllNodesReady
-    instead of PodsStarting).
+    instead of PodsStarting). During a burst of new jobs such a change, and a new job's first Running, waits
+    further, for the burst's end (`_may_hold`, `runtime.Burst`), which releases it through a wake-up.
     """
     new = {k: v for k, v in actions.status.to_dict(exclude_none=True).items() if k not in PROGRESS_KEYS}
     old = body.get("status") or {}
@@ -266,15 +277,17 @@ async def _write_status(state: OperatorState, body: dict[str, Any], job: FineTun
     transitions = actions.transitions
     after = {**old, **delta}
     batch = _may_wait(old, after)
-    if delta and batch:
-        since_write = now - state.status_written.get(key, -math.inf)
-        since_seen = now - state.details_seen.setdefault(key, now)
-        wait = batch - min(since_write, since_seen)
-        if wait > 0:  # written by this wake-up, or sooner with news (a phase change) from another round
+    if delta and (batch or _may_hold(old, after)):
+        seen = state.details_seen.setdefault(key, now)
+        wait = batch - min(now - state.status_written.get(key, -math.inf), now - seen)
+        if state.burst.hold(key, seen, now):  # released by the burst's end (no wake-up of its own), or sooner
+            delta, transitions = {}, []
+        elif wait > 0:  # written by this wake-up, or sooner with news (a phase change) from another round
             state.wakeups.schedule(key, wait)
             delta, transitions = {}, []
     elif not delta:
         state.details_seen.pop(key, None)  # what waited is no longer a change
+        state.burst.forget(key)
     if delta:
         await _patch_status(state, body, delta)
     for transition in transitions:
@@ -325,5 +338,6 @@ async def _patch_status(state: OperatorState, body: dict[str, Any], status: dict
     written = await state.kube.patch_status(*key, status)
     state.status_written[key] = time.monotonic()
     state.details_seen.pop(key, None)
+    state.burst.forget(key)
     if written is not None:
         state.bodies.offer(key, written)

@@ -16,7 +16,7 @@ from finetune_operator.policy import PodPolicy
 from finetune_operator.progress.auth import Authenticator
 from finetune_operator.render import RenderOptions
 from finetune_operator.render.memo import RenderMemo
-from finetune_operator.runtime import Bodies, ChildTriggers, Key, PeeringGate, Triggers, Wakeups, WorkQueue
+from finetune_operator.runtime import Bodies, Burst, ChildTriggers, Key, PeeringGate, Triggers, Wakeups, WorkQueue
 
 
 @dataclass(frozen=True)
@@ -70,6 +70,8 @@ class OperatorState:
     children: ChildTriggers = field(default_factory=ChildTriggers)
     bodies: Bodies = field(default_factory=Bodies)
     wakeups: Wakeups = field(default_factory=Wakeups)
+    burst: Burst = field(default_factory=Burst)
+    """Whether a burst of new jobs is on, and the jobs whose status writes wait for its end."""
     status_written: dict[Key, float] = field(default_factory=dict)
     """When each job's status was last written (monotonic clock), to batch ready-count changes."""
     details_seen: dict[Key, float] = field(default_factory=dict)

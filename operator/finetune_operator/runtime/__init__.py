@@ -26,6 +26,8 @@ CPU and the ratio is one of total CPU (bench/operator/README.md has the runs and
   task (controller-runtime's RequeueAfter), not a kopf timer (and finalizer) per job.
 * `bodies.Bodies`: the newest body of each job from its watch events and our own status writes, so an
   event-driven round does not GET the job.
+* `burst.Burst`: during a burst of new jobs, status writes that can wait (a new job's start, ready counts) wait
+  for its end, so they do not compete with the burst's creates at the API server.
 * `triggers.Triggers`, `triggers.ChildTriggers`: which events call for a round (our own status writes do
   not, nor a child's event that changes nothing the round reads of it).
 * `peering.PeeringGate`: kopf's peering rule applied to our own tasks (kopf pauses only its handlers).
@@ -38,6 +40,7 @@ kopf-facing side and the logic of one round.
 """
 
 from finetune_operator.runtime.bodies import Bodies
+from finetune_operator.runtime.burst import Burst
 from finetune_operator.runtime.errors import RetryLaterError
 from finetune_operator.runtime.keys import Key
 from finetune_operator.runtime.peering import PeeringGate, outranked
@@ -48,6 +51,7 @@ from finetune_operator.runtime.wakeups import Wakeups
 
 __all__ = [
     "Bodies",
+    "Burst",
     "ChildTriggers",
     "Key",
     "PeeringGate",
