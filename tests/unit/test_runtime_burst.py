@@ -1,5 +1,5 @@
-"""Burst: a burst starts with `BURST_JOBS` attempt Jobs created within a second, goes on while they keep coming
-and ends `BURST_QUIET_SECONDS` after the last; a held write is released at its end, or after
+"""Burst: a burst starts with `BURST_JOBS` attempt Jobs created within a second, goes on while they (or new pods)
+keep coming and ends `BURST_QUIET_SECONDS` after the last; a held write is released at its end, or after
 `BURST_HOLD_MAX_SECONDS`, by one task."""
 
 import asyncio
@@ -31,9 +31,22 @@ def test_a_burst_goes_on_while_jobs_come_and_ends_a_quiet_spell_after_the_last()
     burst = _burst_at(100.0)
     last = 100.0 + (BURST_JOBS - 1) * 0.1
     assert burst.on(last)
-    burst.created(last + 1.2)  # slower now, but within the burst: it goes on
-    assert burst.on(last + 1.2 + BURST_QUIET_SECONDS - 0.01)
-    assert not burst.on(last + 1.2 + BURST_QUIET_SECONDS)
+    later = last + BURST_QUIET_SECONDS * 0.8
+    burst.created(later)  # slower now, but before the burst ended: it goes on
+    assert burst.on(later + BURST_QUIET_SECONDS - 0.01)
+    assert not burst.on(later + BURST_QUIET_SECONDS)
+
+
+def test_new_pods_keep_a_burst_on_but_start_none() -> None:
+    idle = Burst()
+    for i in range(3 * BURST_JOBS):
+        idle.pod_created(100.0 + 0.01 * i)
+    assert not idle.on(100.2)
+    burst = _burst_at(100.0)
+    last = 100.0 + (BURST_JOBS - 1) * 0.1
+    burst.pod_created(last + BURST_QUIET_SECONDS - 0.1)  # the Job controller still makes the last pods
+    assert burst.on(last + 2 * BURST_QUIET_SECONDS - 0.2)
+    assert not burst.on(last + 2 * BURST_QUIET_SECONDS - 0.1)
 
 
 def test_a_held_write_is_released_when_the_burst_ends_or_has_waited_longest() -> None:

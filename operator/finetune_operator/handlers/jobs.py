@@ -113,15 +113,19 @@ async def ftj_jobs(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> dict[Key,
 async def ftj_pods(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> dict[Key, Owned]:
     """Trainer pods by FineTuneJob (the owner uid here is the attempt Job's). A change (ready, failed, evicted,
     a scheduler or kubelet problem) reconciles its job; being bound to a node alone is no news (`pod_trigger`),
-    nor is a new pod that only waits (`waiting_arrival`). A pod that is going also loses its place in the
-    progress endpoint's cache of accepted tokens."""
+    nor is a new pod that only waits (`waiting_arrival`). A new pod keeps a burst of new jobs on
+    (`runtime.Burst.pod_created`). A pod that is going also loses its place in the progress endpoint's cache of
+    accepted tokens."""
     state = _state(memo)
     capture_indexes(state, kwargs)
     if state.progress_auth is not None and body.meta.get("deletionTimestamp"):
         state.progress_auth.forget_pod(str(body.meta.uid))
     owned = owned_pod(body)
     key = key_of(body.meta)
-    arrival = not state.children.knows(owned.uid) and waiting_arrival(owned)
+    new = not state.children.knows(owned.uid)
+    if new:
+        state.burst.pod_created()
+    arrival = new and waiting_arrival(owned)
     if state.children.changed(owned.uid, pod_trigger(owned)) and not arrival:
         _soon(state, key, routine(owned))
     return {key: owned}

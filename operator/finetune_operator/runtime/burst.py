@@ -11,8 +11,9 @@ of the burst (bench/operator/README.md, "Status writes wait for the end of a bur
 `Burst` tells when a burst is on and holds the keys of the jobs whose writes wait for its end:
 
 * a burst is on once `BURST_JOBS` attempt Jobs were created within `BURST_WINDOW_SECONDS`, and stays on until
-  no attempt Job was created for `BURST_QUIET_SECONDS` (`created`); one job created now and then, or a few
-  at once, never starts one, so a single job's create -> Running path is unchanged;
+  neither an attempt Job was created nor a new trainer pod appeared for `BURST_QUIET_SECONDS` (`created`,
+  `pod_created`); one job created now and then, or a few at once, never starts one, so a single job's
+  create -> Running path is unchanged;
 * a write that may wait (the caller decides which: a new job's start, ready counts) is held (`hold`) until the
   burst is over, but never longer than `BURST_HOLD_MAX_SECONDS` after it began waiting, so a steady stream of
   creates delays statuses, and never starves them;
@@ -21,7 +22,7 @@ of the burst (bench/operator/README.md, "Status writes wait for the end of a bur
   7-second burst would otherwise come back every `BURST_QUIET_SECONDS` only to be held again.
 
 What a held write costs: a job's status says it is Running up to `BURST_QUIET_SECONDS` after the burst's last
-create (at most `BURST_HOLD_MAX_SECONDS` later than without the hold); its children and pods are not delayed.
+pod appeared (at most `BURST_HOLD_MAX_SECONDS` later than without the hold); its children and pods are not delayed.
 News (a failure, a pod problem, a restart, a conflict) is never held.
 """
 
@@ -39,9 +40,9 @@ BURST_JOBS = 5
 """Attempt Jobs created within `BURST_WINDOW_SECONDS` that make a burst (the bench's 10-job burst creates ten in
 half a second; sequential single jobs, each waited for until Running, never come this close)."""
 BURST_WINDOW_SECONDS = 1.0
-BURST_QUIET_SECONDS = 1.5
-"""A burst is over this long after its last attempt Job was created: by then the Job controller has made the last
-pods (0.4-0.8 s after the last create in the 100-job bench burst), so the held writes do not compete with them."""
+BURST_QUIET_SECONDS = 1.0
+"""A burst is over this long after its last attempt Job was created or its last new pod appeared: the Job
+controller makes pods steadily while it has a backlog, so a second without one means it has none left."""
 BURST_HOLD_MAX_SECONDS = 10.0
 """The longest a write is held from when it began waiting (a burst of 1,000 jobs lasts a minute or more)."""
 
@@ -68,6 +69,14 @@ class Burst:
         while self._recent and self._recent[0] <= now - self.window:
             self._recent.popleft()
         if len(self._recent) >= self.jobs or now < self.until:
+            self.until = now + self.quiet
+
+    def pod_created(self, now: float | None = None) -> None:
+        """A new pod of an attempt Job appeared now: a burst that is on goes on (a pod starts none). The Job
+        controller makes a burst's last pods a second or more after its last Job when it has a backlog, and
+        the held writes must not compete with those either."""
+        now = time.monotonic() if now is None else now
+        if now < self.until:
             self.until = now + self.quiet
 
     def on(self, now: float | None = None) -> bool:
