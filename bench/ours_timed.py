@@ -87,6 +87,8 @@ def main() -> int:
     levers = speed.parse_levers(os.environ.get("FTJOB_SPEED"))
     if os.environ.get("FTJOB_BENCH_COMPILE_DYNAMIC") == "1":  # compile's dynamic=True (recompile measurements)
         speed.COMPILE_DYNAMIC = True
+    if os.environ.get("FTJOB_BENCH_COMPILE_MODE"):  # torch.compile's mode, e.g. reduce-overhead (CUDA graphs)
+        speed.COMPILE_MODE = os.environ["FTJOB_BENCH_COMPILE_MODE"]
     cuda = torch.cuda.is_available()
     info: dict = {"levers_requested": sorted(levers), "levers_applied": []}
     # Once the trainer applies speed.resolve_levers itself (which reads FTJOB_SPEED), only record what it did.

@@ -6,7 +6,8 @@ checkpoint; a 70B one is 138 GB, more than the one-GPU bench host's disk, so the
 bitsandbytes' serialized 4-bit form (37 GB). Checked on a tiny Llama: the same random draws written once as bf16
 and once pre-quantized, both loaded by `from_pretrained` with the recipe's `BitsAndBytesConfig`, give the same
 logits bit for bit, every decoder linear is a 4-bit layer, and the logits differ from the unquantized model's
-(the check sees the quantization). Needs bitsandbytes (its CPU backend quantizes): installed with the `gpu` extra.
+(the check sees the quantization). Needs bitsandbytes (its CPU backend quantizes): installed with the `gpu` extra;
+where CUDA is present, transformers puts the 4-bit models on the GPU.
 """
 
 import argparse
@@ -29,7 +30,9 @@ def _write(out: Path, encode: make_models.Encoding) -> None:
     cfg = make_models.llama_config(*make_models.SHAPES["small"])
     if encode is make_models.nf4_encoding:
         cfg.quantization_config = guide_bnb_config()
-    make_models.make_model_random(argparse.Namespace(device="cpu"), out, cfg, encode)
+    # drawn and quantized where from_pretrained will quantize the bf16 twin: on the GPU when there is one
+    device = "cuda:0" if torch.cuda.is_available() else "cpu"
+    make_models.make_model_random(argparse.Namespace(device=device), out, cfg, encode)
 
 
 def test_prequantized_checkpoint_loads_as_the_recipe_quantizes(tmp_path: Path) -> None:
@@ -48,6 +51,8 @@ def test_prequantized_checkpoint_loads_as_the_recipe_quantizes(tmp_path: Path) -
     assert all(m.weight.quant_state.nested for m in linears)  # double quantization, as the recipe sets it
     ids = torch.randint(4, 1024, (1, 64), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        want, got, unquantized = (m(ids).logits.float() for m in (quantized_on_load, prequantized, plain))
+        want, got, unquantized = (
+            m(ids.to(m.device)).logits.float().cpu() for m in (quantized_on_load, prequantized, plain)
+        )
     assert torch.equal(got, want)
     assert (got - unquantized).abs().max() > 1e-2

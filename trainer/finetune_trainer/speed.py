@@ -283,6 +283,12 @@ the first step (a first compile five times as long, bench/README.md "Recompiles"
 marked dynamic from the first step anyway (`mark_tokens_dynamic`)."""
 
 
+COMPILE_MODE: str | None = None
+"""torch.compile's `mode` for the decoder layers: None is inductor's default; "reduce-overhead" also captures each
+compiled layer (forward and backward) in a CUDA graph, replayed per shape, to remove the launch gaps a profile shows
+as GPU idle time."""
+
+
 def mark_tokens_dynamic(layer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     """Forward pre-hook of a compiled decoder layer: mark the token dimension of every input dynamic before dynamo
     sees it (`torch._dynamo.maybe_mark_dynamic`: a hint, never an error), and the document boundaries' length.
@@ -333,7 +339,7 @@ def compile_layers(model: Any, dynamic: bool | None = None, backend: str = "indu
         return 0
     for layer in layers:
         dynamic_shapes = COMPILE_DYNAMIC if dynamic is None else dynamic
-        layer.forward = torch.compile(layer.forward, dynamic=dynamic_shapes, backend=backend)
+        layer.forward = torch.compile(layer.forward, dynamic=dynamic_shapes, backend=backend, mode=COMPILE_MODE)
         layer.register_forward_pre_hook(mark_tokens_dynamic, with_kwargs=True)
     return len(layers)
 
