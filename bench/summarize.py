@@ -65,8 +65,11 @@ def throughput_table(label: str, rows: list[dict], mm: float | None) -> list[str
             continue
         mfu_f, hfu_f, _, _ = seed.flops_per_token(r)
         gc = r.get("gradient_checkpointing", True)
-        if not gc:
-            hfu_f = mfu_f
+        # the recompute is of the checkpointed layers only: all of them, or the planner's partial count
+        part = r["ranks"][0].get("checkpointed_layers") if r.get("ranks") else None
+        share = (part / r["layers"] if part else 1.0) if gc else 0.0
+        hfu_f = mfu_f + (hfu_f - mfu_f) * share
+        ckpt = "off" if not gc else (f"{part}/{r['layers']}" if part else "on")
         tps = r["tokens_per_s_per_gpu"]
         alloc = max(x.get("max_mem_alloc_gib", float("nan")) for x in r["ranks"])
         dev = [peak_device(x) for x in r["ranks"]]
@@ -74,7 +77,7 @@ def throughput_table(label: str, rows: list[dict], mm: float | None) -> list[str
         lev = ",".join(r.get("levers_applied", [])) or ("liger" if r.get("liger") else "-")
         out.append(
             f"| {r['name']} | {r.get('impl', 'seed')} | {r['backend']} | {r['world']} | {lev} | "
-            f"{'on' if gc else 'off'} | {r['step_s']:.3f} ({r['step_s_min']:.2f}-{r['step_s_max']:.2f}) | "
+            f"{ckpt} | {r['step_s']:.3f} ({r['step_s_min']:.2f}-{r['step_s_max']:.2f}) | "
             f"{tps:,.0f} | {mfu_f * tps / PEAK * 100:.1f}% | "
             f"{(mfu_f * tps / (mm * 1e12) * 100) if mm else float('nan'):.1f}% | {hfu_f * tps / PEAK * 100:.1f}% | "
             f"{alloc:.1f} | {dev_s} |")
