@@ -284,9 +284,10 @@ marked dynamic from the first step anyway (`mark_tokens_dynamic`)."""
 
 
 COMPILE_MODE: str | None = None
-"""torch.compile's `mode` for the decoder layers: None is inductor's default; "reduce-overhead" also captures each
-compiled layer (forward and backward) in a CUDA graph, replayed per shape, to remove the launch gaps a profile shows
-as GPU idle time."""
+"""torch.compile's `mode` for the decoder layers: None is inductor's default. "reduce-overhead" also captures each
+compiled layer (forward and backward) in a CUDA graph, meant to remove the launch gaps a profile shows as GPU idle
+time; measured no faster (bench/README.md, run 22: with one compiled function per layer every forward graph runs
+before any backward, so CUDA-graph trees take their slow path), hence not the default."""
 
 
 def mark_tokens_dynamic(layer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
