@@ -64,6 +64,18 @@ def test_a_held_write_is_released_when_the_burst_ends_or_has_waited_longest() ->
     assert burst.due(end) == [A] and burst.held == {}
 
 
+def test_a_job_released_after_its_longest_wait_is_not_held_again_until_written() -> None:
+    burst = _burst_at(100.0)
+    assert burst.hold(A, now=100.4)  # a child change of a new job: its round waits
+    for i in range(200):  # a long burst
+        burst.created(100.4 + 0.1 * i)
+    assert burst.due(100.4 + BURST_HOLD_MAX_SECONDS) == [A]
+    later = 100.5 + BURST_HOLD_MAX_SECONDS
+    assert not burst.hold(A, since=later, now=later)  # its round's status change is written now
+    burst.forget(A)  # written
+    assert burst.hold(A, since=later, now=later)  # a later change waits again
+
+
 def test_a_write_is_not_held_once_it_has_waited_longest() -> None:
     burst = _burst_at(100.0)
     assert not burst.hold(A, since=100.4 - BURST_HOLD_MAX_SECONDS, now=100.4)
@@ -74,7 +86,7 @@ def test_forget_drops_a_held_write() -> None:
     burst = _burst_at(100.0)
     assert burst.hold(A, since=100.4, now=100.4)
     burst.forget(A)
-    assert burst.held == {} and burst.next_due() is None
+    assert burst.held == {} and burst.waiting == {} and burst.next_due() is None
 
 
 async def _released_by_the_task() -> list[Key]:

@@ -59,6 +59,9 @@ class Burst:
     """When the burst is over (monotonic clock); in the past when none is on."""
     held: dict[Key, float] = field(default_factory=dict)
     """Jobs whose write waits, each with its latest release time (when it began waiting + `longest`)."""
+    waiting: dict[Key, float] = field(default_factory=dict)
+    """Since when each held job has waited, kept past its release until it is written (`forget`): a job released
+    after `longest` whose round is held again (a held child change, then its status) is not held twice."""
     _recent: deque[float] = field(default_factory=deque)
     _news: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -88,17 +91,19 @@ class Burst:
         default now), waits for the end of the burst: then `run` releases the key when the burst is over, or
         `longest` after it first began waiting, whichever comes first."""
         now = time.monotonic() if now is None else now
-        last = self.held.get(key, (now if since is None else since) + self.longest)
-        if not self.on(now) or now >= last:
+        start = self.waiting.get(key, now if since is None else since)
+        if not self.on(now) or now - start >= self.longest:
             return False
+        self.waiting[key] = start
         if key not in self.held:
-            self.held[key] = last
+            self.held[key] = start + self.longest
             self._news.set()
         return True
 
     def forget(self, key: Key) -> None:
         """The job's status was written (or the job is gone): nothing of it waits any more."""
         self.held.pop(key, None)
+        self.waiting.pop(key, None)
 
     def due(self, now: float | None = None) -> list[Key]:
         """The held keys to release now (all of them once the burst is over), no longer held."""
